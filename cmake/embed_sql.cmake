@@ -1,0 +1,20 @@
+# Writes OUT: a C table of the migration files SQL_DIR/NNN_*.sql, in file-name order.
+# Each entry: version (the leading number), name (the file name) and the text.
+set(body "/* Generated from sql/ by cmake/embed_sql.cmake; do not edit. */\n#include \"migrations.h\"\n\nconst struct migration migrations[] = {\n")
+file(GLOB FILES ${SQL_DIR}/[0-9]*.sql)
+list(SORT FILES)
+set(count 0)
+foreach(f ${FILES})
+  get_filename_component(name ${f} NAME)
+  string(REGEX MATCH "^[0-9]+" version ${name})
+  math(EXPR version "${version}")
+  file(READ ${f} text)
+  # A C string literal per line keeps the generated file readable and within limits.
+  string(REPLACE "\\" "\\\\" text "${text}")
+  string(REPLACE "\"" "\\\"" text "${text}")
+  string(REPLACE "\n" "\\n\"\n    \"" text "${text}")
+  string(APPEND body "  { ${version}, \"${name}\",\n    \"${text}\" },\n")
+  math(EXPR count "${count} + 1")
+endforeach()
+string(APPEND body "};\nconst int migrations_count = ${count};\n")
+file(WRITE ${OUT} "${body}")

@@ -1,0 +1,17 @@
+/*
+ * api: the `leash` module scripts get from require "leash": ok/retry/fatal/null, json,
+ * db.query, log, sleep, now. Outcome values carry a private metatable the host reads back.
+ */
+#ifndef LEASH_API_H
+#define LEASH_API_H
+
+#include <lua.h>
+
+/* lua_CFunction: pushes the module table. */
+int api_leash_open(lua_State *L);
+
+/* [-0, +0, -] If the value at idx is an outcome made by leash.ok/retry/fatal, returns its
+   kind ("ok", "retry", "fatal") and leaves nothing on the stack; else NULL. */
+const char *api_outcome_kind(lua_State *L, int idx);
+
+#endif

@@ -1,0 +1,342 @@
+/*
+ * api_leash: the `leash` module. Which calls raise and which return nil, msg:
+ * misuse (bad arguments) raises; calls with side effects (db.query) raise once the lease
+ * is lost, so a task that lost its lease cannot go on writing; db errors raise with the
+ * server's message (a task's error becomes a retry with that message).
+ */
+#include "api.h"
+
+#include "dbpool.h"
+#include "json_lua.h"
+#include "log.h"
+#include "pgvalue.h"
+#include "script.h"
+
+#include <errno.h>
+#include <lauxlib.h>
+#include <libpq-fe.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DB_MAX_PARAMS 100
+
+static int l_ok(lua_State *L);
+static int l_retry(lua_State *L);
+static int l_fatal(lua_State *L);
+static int l_now(lua_State *L);
+static int l_sleep(lua_State *L);
+static int l_db_query(lua_State *L);
+static int l_log_debug(lua_State *L);
+static int l_log_info(lua_State *L);
+static int l_log_warn(lua_State *L);
+static int l_log_error(lua_State *L);
+static int result_gc(lua_State *L);
+static void push_outcome(lua_State *L, const char *kind);
+
+static const char outcome_key = 'O';
+#define RESULT_MT "leash.PGresult"
+
+int api_leash_open(lua_State *L)
+{
+  static const luaL_Reg funcs[] = {
+    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "now", l_now },
+    { "sleep", l_sleep }, { NULL, NULL },
+  };
+  static const luaL_Reg db[] = { { "query", l_db_query }, { NULL, NULL } };
+  static const luaL_Reg logf[] = {
+    { "debug", l_log_debug }, { "info", l_log_info }, { "warn", l_log_warn },
+    { "error", l_log_error }, { NULL, NULL },
+  };
+  luaL_newlib(L, funcs);
+  lua_pushlightuserdata(L, NULL);
+  lua_setfield(L, -2, "null");
+  jsonlua_open(L);
+  lua_setfield(L, -2, "json");
+  luaL_newlib(L, db);
+  lua_setfield(L, -2, "db");
+  luaL_newlib(L, logf);
+  lua_setfield(L, -2, "log");
+  /* The outcome metatable, keyed by address: scripts cannot name or forge it. */
+  lua_newtable(L);
+  lua_pushliteral(L, "leash.outcome");
+  lua_setfield(L, -2, "__name");
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &outcome_key);
+  if (luaL_newmetatable(L, RESULT_MT)) {
+    lua_pushcfunction(L, result_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  return 1;
+}
+
+const char *api_outcome_kind(lua_State *L, int idx)
+{
+  static const char *const kinds[] = { "ok", "retry", "fatal" };
+  if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
+    return NULL;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &outcome_key);
+  int is = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  if (!is)
+    return NULL;
+  lua_getfield(L, idx, "kind");
+  const char *k = lua_tostring(L, -1);
+  const char *found = NULL;
+  for (int i = 0; i < 3 && k; i++)
+    if (strcmp(k, kinds[i]) == 0)
+      found = kinds[i];
+  lua_pop(L, 1);
+  return found;
+}
+
+/* [-0, +1, m] { kind = kind } with the outcome metatable. */
+static void push_outcome(lua_State *L, const char *kind)
+{
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, kind);
+  lua_setfield(L, -2, "kind");
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &outcome_key);
+  lua_setmetatable(L, -2);
+}
+
+/* leash.ok([result]): success; result (a JSON-able value) is stored in the row. */
+static int l_ok(lua_State *L)
+{
+  lua_settop(L, 1);
+  push_outcome(L, "ok");
+  lua_pushvalue(L, 1);
+  lua_setfield(L, -2, "result");
+  return 1;
+}
+
+/* leash.retry(msg [, delay_seconds]): a retryable error; the delay replaces the backoff. */
+static int l_retry(lua_State *L)
+{
+  const char *msg = luaL_optstring(L, 1, "retry requested");
+  lua_Number delay = luaL_optnumber(L, 2, -1);
+  if (!lua_isnoneornil(L, 2) && (delay < 0 || !isfinite(delay)))
+    return luaL_argerror(L, 2, "delay must be a number of seconds >= 0");
+  push_outcome(L, "retry");
+  lua_pushstring(L, msg);
+  lua_setfield(L, -2, "message");
+  if (delay >= 0) {
+    lua_pushnumber(L, delay);
+    lua_setfield(L, -2, "delay");
+  }
+  return 1;
+}
+
+/* leash.fatal(msg): the task goes dead at once. */
+static int l_fatal(lua_State *L)
+{
+  const char *msg = luaL_optstring(L, 1, "fatal");
+  push_outcome(L, "fatal");
+  lua_pushstring(L, msg);
+  lua_setfield(L, -2, "message");
+  return 1;
+}
+
+/* leash.now(): wall-clock seconds since the epoch, sub-second. */
+static int l_now(lua_State *L)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec / 1e9);
+  return 1;
+}
+
+/* leash.sleep(seconds): waits, waking early when the lease is lost or the worker stops
+   (then raises, since the task cannot go on). Bounded by the task's deadline. */
+static int l_sleep(lua_State *L)
+{
+  lua_Number secs = luaL_checknumber(L, 1);
+  luaL_argcheck(L, secs >= 0 && isfinite(secs), 1, "seconds must be >= 0");
+  struct script *s = script_of(L);
+  const struct script_host *h = script_host_of(s);
+  struct task *t = script_task(s);
+  double end = task_now() + secs;
+  int over = 0;
+  pthread_mutex_lock(h->wake_mu);
+  for (;;) {
+    if ((t && atomic_load(&t->lost)) || atomic_load(h->stopping))
+      break;
+    double now = task_now();
+    if (script_time_left(s) <= 0) {
+      over = 1;
+      break;
+    }
+    if (now >= end)
+      break;
+    double until = end;
+    if (now + script_time_left(s) < until)
+      until = now + script_time_left(s);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double wait = until - now;
+    ts.tv_sec += (time_t)wait;
+    ts.tv_nsec += (long)((wait - floor(wait)) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(h->wake_cv, h->wake_mu, &ts);
+  }
+  pthread_mutex_unlock(h->wake_mu);
+  if (over)
+    return luaL_error(L, "task timed out (--task-timeout)");
+  if (t)
+    script_check_live(L, "leash.sleep");
+  return 0;
+}
+
+static int result_gc(lua_State *L)
+{
+  PGresult **box = luaL_checkudata(L, 1, RESULT_MT);
+  PQclear(*box);
+  *box = NULL;
+  return 0;
+}
+
+/* leash.db.query(sql, ...): one parameterised statement ($1, $2 …) on a pooled connection
+   (never the claim or heartbeat one), in autocommit. Returns rows (an array of tables keyed
+   by column name, types mapped as pgvalue.h says) and the number of rows affected.
+   Parameters: nil/leash.null → NULL, booleans, numbers, strings, tables → JSON. */
+static int l_db_query(lua_State *L)
+{
+  const char *sql = luaL_checkstring(L, 1);
+  int nparams = lua_gettop(L) - 1;
+  luaL_argcheck(L, nparams <= DB_MAX_PARAMS, DB_MAX_PARAMS + 2, "too many parameters");
+  script_check_live(L, "leash.db.query");
+  struct script *s = script_of(L);
+  const struct script_host *h = script_host_of(s);
+  if (!h->pool)
+    return luaL_error(L, "leash.db.query: no database in this context");
+
+  /* Text of every parameter first (may raise), kept alive on the stack. */
+  const char *params[DB_MAX_PARAMS];
+  char err[512];
+  for (int i = 0; i < nparams; i++) {
+    int idx = i + 2;
+    switch (lua_type(L, idx)) {
+    case LUA_TNIL:
+      params[i] = NULL;
+      break;
+    case LUA_TLIGHTUSERDATA:
+      if (lua_touserdata(L, idx) != NULL)
+        return luaL_argerror(L, idx, "cannot send a userdata");
+      params[i] = NULL;
+      break;
+    case LUA_TBOOLEAN:
+      params[i] = lua_toboolean(L, idx) ? "true" : "false";
+      break;
+    case LUA_TNUMBER:
+    case LUA_TSTRING:
+      params[i] = luaL_tolstring(L, idx, NULL);
+      lua_replace(L, idx);
+      params[i] = lua_tostring(L, idx);
+      break;
+    case LUA_TTABLE: {
+      char *j = jsonlua_encode(L, idx, err, sizeof err);
+      if (!j)
+        return luaL_argerror(L, idx, err);
+      lua_pushstring(L, j);
+      free(j);
+      lua_replace(L, idx);
+      params[i] = lua_tostring(L, idx);
+      break;
+    }
+    default:
+      return luaL_argerror(L, idx, "cannot send this type to PostgreSQL");
+    }
+  }
+  /* The result is boxed before anything can raise, so the GC frees it on any path. */
+  PGresult **box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = NULL;
+  luaL_setmetatable(L, RESULT_MT);
+  PGconn *c = dbpool_get(h->pool, err, sizeof err);
+  if (!c)
+    return luaL_error(L, "leash.db.query: %s", err);
+  *box = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  ExecStatusType st = *box ? PQresultStatus(*box) : PGRES_FATAL_ERROR;
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+    const char *m = *box ? PQresultErrorMessage(*box) : PQerrorMessage(c);
+    snprintf(err, sizeof err, "%s", m && *m ? m : "query failed");
+    dbpool_put(h->pool, c);
+    size_t n = strlen(err);
+    while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
+      err[--n] = '\0';
+    return luaL_error(L, "leash.db.query: %s", err);
+  }
+  dbpool_put(h->pool, c);
+  PGresult *r = *box;
+  int rows = PQntuples(r), cols = PQnfields(r);
+  lua_createtable(L, rows, 0);
+  luaL_setmetatable(L, JSONLUA_ARRAY_MT);
+  for (int i = 0; i < rows; i++) {
+    lua_createtable(L, 0, cols);
+    for (int j = 0; j < cols; j++) {
+      pgvalue_push(L, (unsigned)PQftype(r, j), PQgetvalue(r, i, j), PQgetlength(r, i, j),
+                   PQgetisnull(r, i, j));
+      lua_setfield(L, -2, PQfname(r, j));
+    }
+    lua_rawseti(L, -2, i + 1);
+  }
+  const char *affected = PQcmdTuples(r);
+  lua_pushinteger(L, *affected ? strtoll(affected, NULL, 10) : rows);
+  return 2;
+}
+
+/* leash.log.<level>(msg [, fields]): into the host's log, tagged with the task. */
+static int log_at(lua_State *L, enum log_level lvl)
+{
+  const char *msg = luaL_checkstring(L, 1);
+  if (!log_enabled(lvl))
+    return 0;
+  struct script *s = script_of(L);
+  const struct task *t = script_task(s);
+  struct log_field f[24];
+  int n = 0;
+  char id[32], attempt[16];
+  if (t) {
+    snprintf(id, sizeof id, "%lld", (long long)t->id);
+    snprintf(attempt, sizeof attempt, "%d", t->attempt);
+    f[n++] = (struct log_field){ "task_id", id };
+    f[n++] = (struct log_field){ "tenant", t->tenant_id };
+    f[n++] = (struct log_field){ "attempt", attempt };
+  }
+  f[n++] = (struct log_field){ "worker", script_host_of(s)->worker_id };
+  if (lua_istable(L, 2)) {
+    lua_pushnil(L);
+    while (lua_next(L, 2) && n < 23) {
+      if (lua_type(L, -2) == LUA_TSTRING) {
+        const char *k = lua_tostring(L, -2);
+        /* A secret put in a log field by mistake stays out of the log. */
+        int secret = strcasecmp(k, "authorization") == 0 || strcasecmp(k, "password") == 0;
+        f[n].key = k;
+        f[n].value = secret ? "[redacted]" : luaL_tolstring(L, -1, NULL);
+        n++;
+        if (!secret) {
+          lua_insert(L, -2);      /* keep the string alive below the value */
+          lua_pop(L, 1);
+          lua_pushvalue(L, -1);   /* placeholder value for lua_next's pop */
+          lua_insert(L, -2);
+          continue;
+        }
+      }
+      lua_pop(L, 1);
+    }
+  }
+  f[n] = (struct log_field){ NULL, NULL };
+  log_fields(lvl, f, "%s", msg);
+  return 0;
+}
+
+static int l_log_debug(lua_State *L) { return log_at(L, LOG_DEBUG); }
+static int l_log_info(lua_State *L) { return log_at(L, LOG_INFO); }
+static int l_log_warn(lua_State *L) { return log_at(L, LOG_WARN); }
+static int l_log_error(lua_State *L) { return log_at(L, LOG_ERROR); }

@@ -1,0 +1,153 @@
+/* cli: global options, error lines, opening the database. See cli.h. */
+#include "cli.h"
+
+#include "commands.h"
+#include "log.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void print_error(const struct cli *g, const char *fmt, va_list ap);
+
+int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
+{
+  *done = 0;
+  switch (opt) {
+  case OPT_DB:
+    g->db = arg;
+    return 1;
+  case OPT_TABLE:
+    g->table = arg;
+    return 1;
+  case OPT_LOG_FORMAT: {
+    enum log_format f;
+    if (log_parse_format(arg, &f) != 0) {
+      *done = 1;
+      return cli_usage_error(g, "--log-format must be text or json, not '%s'", arg);
+    }
+    log_set_format(f);
+    return 1;
+  }
+  case OPT_LOG_LEVEL: {
+    enum log_level l;
+    if (log_parse_level(arg, &l) != 0) {
+      *done = 1;
+      return cli_usage_error(g, "--log-level must be debug, info, warn or error, not '%s'",
+                             arg);
+    }
+    log_set_level(l);
+    return 1;
+  }
+  case 'h':
+    fputs(g->usage, stdout);
+    *done = 1;
+    return EXIT_OK;
+  case OPT_VERSION:
+    printf("leash %s\n", LEASH_VERSION);
+    *done = 1;
+    return EXIT_OK;
+  default:
+    return 0;
+  }
+}
+
+int cli_usage_error(const struct cli *g, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  print_error(g, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "Try 'leash %s%s--help'.\n", g->command ? g->command : "", g->command ? " " : "");
+  return EXIT_USAGE;
+}
+
+int cli_runtime_error(const struct cli *g, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  print_error(g, fmt, ap);
+  va_end(ap);
+  return EXIT_RUNTIME;
+}
+
+int cli_open(const struct cli *g, const char *role, PGconn **conn, struct db_table *t)
+{
+  char err[DB_ERR_MAX];
+  *conn = db_connect(db_conninfo(g->db), role, 0, err, sizeof err);
+  if (!*conn)
+    return cli_runtime_error(g, "%s", err);
+  if (db_table_init(t, *conn, g->table ? g->table : CLI_DEFAULT_TABLE, err, sizeof err) != 0) {
+    PQfinish(*conn);
+    *conn = NULL;
+    return cli_usage_error(g, "%s", err);
+  }
+  return EXIT_OK;
+}
+
+void cli_close(PGconn *conn, struct db_table *t)
+{
+  db_table_free(t);
+  PQfinish(conn);
+}
+
+int cli_parse_int(const char *s, long min, long max, long *out)
+{
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end != '\0' || v < min || v > max)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+int cli_parse_duration(const char *s, double *out)
+{
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || !isfinite(v) || v < 0)
+    return -1;
+  double scale;
+  if (*end == '\0' || strcmp(end, "s") == 0)
+    scale = 1;
+  else if (strcmp(end, "ms") == 0)
+    scale = 0.001;
+  else if (strcmp(end, "m") == 0)
+    scale = 60;
+  else if (strcmp(end, "h") == 0)
+    scale = 3600;
+  else if (strcmp(end, "d") == 0)
+    scale = 86400;
+  else
+    return -1;
+  /* strtod accepts "0x1p3" and "inf"; durations are plain decimals. */
+  for (const char *p = s; p < end; p++)
+    if (!((*p >= '0' && *p <= '9') || *p == '.'))
+      return -1;
+  *out = v * scale;
+  return 0;
+}
+
+static void print_error(const struct cli *g, const char *fmt, va_list ap)
+{
+  char msg[2048];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  if (g->command)
+    fprintf(stderr, "leash %s: %s\n", g->command, msg);
+  else
+    fprintf(stderr, "leash: %s\n", msg);
+}
+
+const char cli_global_help[] =
+  "global options:\n"
+  "  --db CONNINFO         libpq URI or key=value string (default $DATABASE_URL, then PG*)\n"
+  "  --table NAME          queue table, NAME or SCHEMA.NAME (default agent_work_queue)\n"
+  "  --log-format FORMAT   text or json (default text)\n"
+  "  --log-level LEVEL     debug, info, warn or error (default info)\n"
+  "  -h, --help            this help\n"
+  "  --version             print the version\n";

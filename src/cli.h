@@ -1,0 +1,69 @@
+/*
+ * cli: what every command shares: the global options (--db, --table, --log-format,
+ * --log-level, -h/--help, --version), usage errors (exit 2) and opening the database with
+ * the queue table's name quoted. Each command parses its own options with getopt_long,
+ * listing CLI_GLOBAL_OPTIONS in its table so global options work before or after it.
+ */
+#ifndef LEASH_CLI_H
+#define LEASH_CLI_H
+
+#include "db.h"
+
+#include <getopt.h>
+
+enum {
+  EXIT_OK = 0,
+  EXIT_RUNTIME = 1,
+  EXIT_USAGE = 2,
+};
+
+enum {
+  OPT_DB = 1000,
+  OPT_TABLE,
+  OPT_LOG_FORMAT,
+  OPT_LOG_LEVEL,
+  OPT_VERSION,
+  OPT_COMMAND_BASE = 1100,   /* commands number their own options from here */
+};
+
+#define CLI_GLOBAL_OPTIONS \
+  { "db", required_argument, NULL, OPT_DB }, \
+  { "table", required_argument, NULL, OPT_TABLE }, \
+  { "log-format", required_argument, NULL, OPT_LOG_FORMAT }, \
+  { "log-level", required_argument, NULL, OPT_LOG_LEVEL }, \
+  { "help", no_argument, NULL, 'h' }, \
+  { "version", no_argument, NULL, OPT_VERSION }
+
+#define CLI_DEFAULT_TABLE "agent_work_queue"
+
+struct cli {
+  const char *db;      /* --db, or NULL */
+  const char *table;   /* --table, default agent_work_queue */
+  const char *command; /* for messages: "enqueue" */
+  const char *usage;   /* the command's help text */
+};
+
+/* Handles a global option returned by getopt_long. Returns 1 when handled, 0 when opt is
+   not a global option, or an exit code (>= 0 flagged by *done) after --help/--version or a
+   bad value: then *done is set and the caller returns that code. */
+int cli_global_option(struct cli *g, int opt, const char *arg, int *done);
+
+/* Prints "leash CMD: MSG" and a hint to stderr; returns EXIT_USAGE. */
+int cli_usage_error(const struct cli *g, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
+
+/* Prints "leash CMD: MSG" to stderr; returns EXIT_RUNTIME. */
+int cli_runtime_error(const struct cli *g, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
+
+/* Connects (role names the connection) and quotes the table. 0, or an exit code after
+   printing the error. On success the caller closes with cli_close. */
+int cli_open(const struct cli *g, const char *role, PGconn **conn, struct db_table *t);
+void cli_close(PGconn *conn, struct db_table *t);
+
+/* Strict number parsing for option values; 0 or -1. */
+int cli_parse_int(const char *s, long min, long max, long *out);
+/* A duration in seconds: "30", "1.5", "500ms", "30s", "5m", "2h", "7d". */
+int cli_parse_duration(const char *s, double *out);
+
+#endif

@@ -1,0 +1,318 @@
+/* leash enqueue: one task from the command line, or many from a JSONL file through COPY. */
+#include "commands.h"
+#include "enqueue.h"
+#include "migrate.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+  "usage: leash enqueue [OPTIONS] PAYLOAD_JSON\n"
+  "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
+  "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
+  "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
+  "max_attempts; the options below are the defaults for what a line leaves out. Every line\n"
+  "is checked before anything is written; one bad line rejects the whole file.\n\n"
+  "options:\n"
+  "  --tenant T            tenant_id (default 'default')\n"
+  "  --shard K             shard_key (default 'task:<id>', unique: no accidental serialising)\n"
+  "  --delay S             runnable after S (seconds, or 500ms, 5m, 2h, 1d)\n"
+  "  --run-after TS        runnable after the timestamp TS\n"
+  "  --max-attempts N      attempts before the task goes dead (default 8)\n"
+  "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
+  "  --file F              read JSONL from F\n\n";
+
+enum {
+  OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
+  OPT_BATCH, OPT_FILE,
+};
+
+/* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
+struct defaults {
+  const char *tenant, *shard, *run_after, *delay, *max_attempts, *batch;
+  char delay_buf[32];
+};
+
+/* One statement for both paths; %s (first) is the table, %s (second) the row source with
+   columns line, doc (the task's JSON object) and run_after. The id is drawn first so a
+   default shard can name it; ids follow line order. */
+static const char insert_fmt[] =
+  "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch) "
+  "SELECT s.id, coalesce(s.doc->>'tenant_id', $1, 'default'), "
+  "       coalesce(s.doc->>'shard_key', $2, 'task:' || s.id), s.doc->'payload', "
+  "       coalesce(s.run_after, now() + make_interval(secs => (s.doc->>'delay')::float8), "
+  "                $3::timestamptz, now() + make_interval(secs => coalesce($4::float8, 0))), "
+  "       coalesce((s.doc->>'max_attempts')::int, $5::int, 8), "
+  "       CASE WHEN s.doc ? 'batch' THEN s.doc->>'batch' ELSE $6 END "
+  "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, v.* FROM (%s) v) s "
+  "RETURNING id";
+
+static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
+                       const struct defaults *d, const char *payload);
+static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
+                        const struct defaults *d, const char *path);
+static int data_error(struct cli *g, const char *err);
+
+int cmd_enqueue(struct cli *g, int argc, char **argv)
+{
+  static const struct option opts[] = {
+    CLI_GLOBAL_OPTIONS,
+    { "tenant", required_argument, NULL, OPT_TENANT },
+    { "shard", required_argument, NULL, OPT_SHARD },
+    { "delay", required_argument, NULL, OPT_DELAY },
+    { "run-after", required_argument, NULL, OPT_RUN_AFTER },
+    { "max-attempts", required_argument, NULL, OPT_MAX_ATTEMPTS },
+    { "batch", required_argument, NULL, OPT_BATCH },
+    { "file", required_argument, NULL, OPT_FILE },
+    { NULL, 0, NULL, 0 },
+  };
+  struct defaults d = { 0 };
+  const char *file = NULL;
+  int opt, done, rc;
+  long n;
+  double secs;
+  g->usage = usage;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    rc = cli_global_option(g, opt, optarg, &done);
+    if (done)
+      return rc;
+    if (rc == 1)
+      continue;
+    switch (opt) {
+    case OPT_TENANT:
+    case OPT_SHARD:
+      if (*optarg == '\0')
+        return cli_usage_error(g, "--%s must not be empty", opt == OPT_TENANT ? "tenant" : "shard");
+      *(opt == OPT_TENANT ? &d.tenant : &d.shard) = optarg;
+      break;
+    case OPT_DELAY:
+      if (cli_parse_duration(optarg, &secs) != 0)
+        return cli_usage_error(g, "--delay: '%s' is not a duration (e.g. 30, 500ms, 5m, 2h)", optarg);
+      snprintf(d.delay_buf, sizeof d.delay_buf, "%.3f", secs);
+      d.delay = d.delay_buf;
+      break;
+    case OPT_RUN_AFTER:
+      d.run_after = optarg;
+      break;
+    case OPT_MAX_ATTEMPTS:
+      if (cli_parse_int(optarg, 1, 2147483647L, &n) != 0)
+        return cli_usage_error(g, "--max-attempts must be an integer >= 1, not '%s'", optarg);
+      d.max_attempts = optarg;
+      break;
+    case OPT_BATCH:
+      d.batch = optarg;
+      break;
+    case OPT_FILE:
+      file = optarg;
+      break;
+    default:
+      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (d.delay && d.run_after)
+    return cli_usage_error(g, "give either --delay or --run-after, not both");
+  int positional = argc - optind;
+  if (file && positional > 0)
+    return cli_usage_error(g, "give either --file or a PAYLOAD_JSON argument, not both");
+  if (!file && positional != 1)
+    return cli_usage_error(g, positional ? "too many arguments (quote the JSON payload)"
+                                         : "missing PAYLOAD_JSON (or --file F)");
+
+  PGconn *c;
+  struct db_table t;
+  if ((rc = cli_open(g, "enqueue", &c, &t)) != EXIT_OK)
+    return rc;
+  char err[DB_ERR_MAX];
+  if (migrate_check(c, &t, err, sizeof err) != 0)
+    rc = cli_runtime_error(g, "%s", err);
+  else if (file)
+    rc = enqueue_file(g, c, &t, &d, file);
+  else
+    rc = enqueue_one(g, c, &t, &d, argv[optind]);
+  cli_close(c, &t);
+  return rc;
+}
+
+static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
+                       const struct defaults *d, const char *payload)
+{
+  json_error_t je;
+  json_t *j = json_loads(payload, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
+                         JSON_DECODE_INT_AS_REAL, &je);
+  if (!j)
+    return cli_usage_error(g, "PAYLOAD_JSON is not valid JSON (column %d): %s", je.column, je.text);
+  int isnull = json_is_null(j);
+  json_decref(j);
+  if (isnull)
+    return cli_usage_error(g, "PAYLOAD_JSON must not be null");
+
+  /* The payload's own text goes into the row (jsonb keeps big numbers exact). */
+  size_t n = strlen(payload) + 16;
+  char *doc = malloc(n);
+  size_t sqln = sizeof insert_fmt + strlen(t->qualified) + 128;
+  char *sql = malloc(sqln);
+  int rc = EXIT_RUNTIME;
+  if (!doc || !sql) {
+    free(doc);
+    free(sql);
+    return cli_runtime_error(g, "out of memory");
+  }
+  snprintf(doc, n, "{\"payload\":%s}", payload);
+  snprintf(sql, sqln, insert_fmt, t->qualified,
+           "SELECT 1 AS line, $8::jsonb AS doc, NULL::timestamptz AS run_after");
+  const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
+                           d->batch, t->qualified, doc };
+  char err[DB_ERR_MAX];
+  PGresult *r = db_exec(c, sql, 8, params, err, sizeof err);
+  if (r) {
+    printf("%s\n", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    rc = EXIT_OK;
+  } else {
+    rc = data_error(g, err);
+  }
+  free(doc);
+  free(sql);
+  return rc;
+}
+
+/* Reads and checks every line, then in one transaction: COPY into a temporary stage, one
+   INSERT … SELECT into the queue. Nothing is written unless every line is good. */
+static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
+                        const struct defaults *d, const char *path)
+{
+  FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+  if (!f)
+    return cli_usage_error(g, "cannot open %s: %m", path);
+  char *line = NULL, *copy = NULL, *sql = NULL;
+  size_t linecap = 0, copylen = 0, copycap = 0;
+  long *lines = NULL;   /* COPY row (0-based) -> file line, to name the line in errors */
+  size_t rows = 0, rowscap = 0;
+  long line_no = 0;
+  ssize_t got;
+  char err[DB_ERR_MAX];
+  int rc = EXIT_RUNTIME;
+
+  while ((got = getline(&line, &linecap, f)) != -1) {
+    line_no++;
+    char *run_after = NULL;
+    size_t len = (size_t)got;
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+      len--;
+    enum enqueue_verdict v = enqueue_check_line(line, len, &run_after, err, sizeof err);
+    if (v == ENQUEUE_LINE_BLANK)
+      continue;
+    if (v == ENQUEUE_LINE_BAD) {
+      rc = cli_usage_error(g, "%s line %ld: %s; nothing was enqueued",
+                           strcmp(path, "-") == 0 ? "stdin" : path, line_no, err);
+      goto out;
+    }
+    if (rows == rowscap) {
+      rowscap = rowscap ? rowscap * 2 : 1024;
+      long *nl = realloc(lines, rowscap * sizeof *lines);
+      if (!nl) {
+        free(run_after);
+        rc = cli_runtime_error(g, "out of memory");
+        goto out;
+      }
+      lines = nl;
+    }
+    lines[rows++] = line_no;
+    int bad = enqueue_copy_row(&copy, &copylen, &copycap, line_no, line, len, run_after);
+    free(run_after);
+    if (bad) {
+      rc = cli_runtime_error(g, "out of memory");
+      goto out;
+    }
+  }
+  if (ferror(f)) {
+    rc = cli_runtime_error(g, "cannot read %s: %m", path);
+    goto out;
+  }
+  if (rows == 0) {
+    printf("0\n");
+    rc = EXIT_OK;
+    goto out;
+  }
+
+  size_t sqln = sizeof insert_fmt + strlen(t->qualified) + 128;
+  sql = malloc(sqln);
+  if (!sql) {
+    rc = cli_runtime_error(g, "out of memory");
+    goto out;
+  }
+  snprintf(sql, sqln, insert_fmt, t->qualified,
+           "SELECT * FROM pg_temp.leash_enqueue_stage ORDER BY line OFFSET 0");
+  if (db_command(c, "BEGIN", err, sizeof err) != 0 ||
+      db_command(c, "CREATE TEMP TABLE leash_enqueue_stage (line bigint, doc jsonb, "
+                    "run_after timestamptz) ON COMMIT DROP", err, sizeof err) != 0) {
+    rc = cli_runtime_error(g, "%s", err);
+    goto rollback;
+  }
+  PGresult *r = PQexec(c, "COPY pg_temp.leash_enqueue_stage (line, doc, run_after) FROM STDIN");
+  int copying = PQresultStatus(r) == PGRES_COPY_IN;
+  PQclear(r);
+  if (!copying || PQputCopyData(c, copy, (int)copylen) != 1 || PQputCopyEnd(c, NULL) != 1) {
+    db_one_line(PQerrorMessage(c), err, sizeof err);
+    rc = cli_runtime_error(g, "COPY failed: %s", err);
+    goto rollback;
+  }
+  r = PQgetResult(c);
+  if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+    /* The stage's run_after is typed, so a bad timestamp fails here, with COPY's row. */
+    const char *ctx = PQresultErrorField(r, PG_DIAG_CONTEXT);
+    const char *at = ctx ? strstr(ctx, ", line ") : NULL;
+    long row = at ? atol(at + 7) : 0;
+    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    db_one_line(primary ? primary : PQresultErrorMessage(r), err, sizeof err);
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    if (row >= 1 && (size_t)row <= rows && state && strncmp(state, "22", 2) == 0)
+      rc = cli_usage_error(g, "%s line %ld: %s; nothing was enqueued",
+                           strcmp(path, "-") == 0 ? "stdin" : path, lines[row - 1], err);
+    else
+      rc = cli_runtime_error(g, "COPY failed: %s", err);
+    PQclear(r);
+    while ((r = PQgetResult(c)) != NULL)
+      PQclear(r);
+    goto rollback;
+  }
+  PQclear(r);
+  const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
+                           d->batch, t->qualified };
+  r = db_exec(c, sql, 7, params, err, sizeof err);
+  if (!r) {
+    rc = data_error(g, err);
+    goto rollback;
+  }
+  long inserted = PQntuples(r);
+  PQclear(r);
+  if (db_command(c, "COMMIT", err, sizeof err) != 0) {
+    rc = cli_runtime_error(g, "%s", err);
+    goto out;
+  }
+  printf("%ld\n", inserted);
+  rc = EXIT_OK;
+  goto out;
+rollback:
+  db_command(c, "ROLLBACK", err, sizeof err);
+out:
+  if (f != stdin)
+    fclose(f);
+  free(line);
+  free(copy);
+  free(lines);
+  free(sql);
+  return rc;
+}
+
+/* A value PostgreSQL refused (SQLSTATE class 22: a bad --run-after timestamp, say) is the
+   user's input, so a usage error; anything else is a runtime failure. */
+static int data_error(struct cli *g, const char *err)
+{
+  if (strncmp(db_last_sqlstate(), "22", 2) == 0)
+    return cli_usage_error(g, "%s; nothing was enqueued", err);
+  return cli_runtime_error(g, "%s", err);
+}

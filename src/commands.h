@@ -1,0 +1,20 @@
+/*
+ * commands: one function per `leash COMMAND`, each in its own cmd_<name>.c. argv[0] is the
+ * command's name; the function parses the rest (global options included) and returns the
+ * process exit code (0 success, 1 runtime failure, 2 usage error).
+ */
+#ifndef LEASH_COMMANDS_H
+#define LEASH_COMMANDS_H
+
+#include "cli.h"
+
+int cmd_migrate(struct cli *g, int argc, char **argv);
+int cmd_enqueue(struct cli *g, int argc, char **argv);
+int cmd_status(struct cli *g, int argc, char **argv);
+int cmd_run(struct cli *g, int argc, char **argv);
+int cmd_check(struct cli *g, int argc, char **argv);
+
+/* The global options' help lines, shared by every command's --help. */
+extern const char cli_global_help[];
+
+#endif

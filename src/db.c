@@ -1,0 +1,231 @@
+/* db: connections, single statements, the quoted table name. See db.h. */
+#include "db.h"
+
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void notice_to_log(void *arg, const char *message);
+static char *escape_ident(PGconn *c, const char *s, size_t len);
+
+static _Thread_local char last_sqlstate[6];
+
+const char *db_conninfo(const char *explicit_conninfo)
+{
+  if (explicit_conninfo && *explicit_conninfo)
+    return explicit_conninfo;
+  const char *env = getenv("DATABASE_URL");
+  if (env && *env)
+    return env;
+  return NULL;
+}
+
+PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout_ms,
+                   char *err, size_t errlen)
+{
+  char app[64];
+  snprintf(app, sizeof app, "leash %s", role);
+  /* expand_dbname lets conninfo be a URI or key=value string; keywords after it win, so
+     the caller's own fallback_application_name stays the caller's if set. */
+  const char *keys[] = { "dbname", "fallback_application_name", "connect_timeout", NULL };
+  const char *vals[] = { conninfo ? conninfo : "", app, "10", NULL };
+  if (!conninfo) {
+    keys[0] = "fallback_application_name";
+    vals[0] = app;
+    keys[1] = "connect_timeout";
+    vals[1] = "10";
+    keys[2] = NULL;
+  }
+  PGconn *c = PQconnectdbParams(keys, vals, 1);
+  if (!c) {
+    snprintf(err, errlen, "out of memory connecting to PostgreSQL");
+    return NULL;
+  }
+  if (PQstatus(c) != CONNECTION_OK) {
+    char one[DB_ERR_MAX];
+    db_one_line(PQerrorMessage(c), one, sizeof one);
+    snprintf(err, errlen, "cannot connect to PostgreSQL: %s", one);
+    PQfinish(c);
+    return NULL;
+  }
+  PQsetNoticeProcessor(c, notice_to_log, NULL);
+  if (statement_timeout_ms > 0) {
+    char sql[96];
+    snprintf(sql, sizeof sql, "SET statement_timeout = %d", statement_timeout_ms);
+    if (db_command(c, sql, err, errlen) != 0) {
+      PQfinish(c);
+      return NULL;
+    }
+  }
+  return c;
+}
+
+PGresult *db_exec(PGconn *c, const char *sql, int nparams, const char *const *params,
+                  char *err, size_t errlen)
+{
+  PGresult *r = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+    last_sqlstate[0] = '\0';
+    return r;
+  }
+  /* A NULL SQLSTATE means the client itself saw the failure (lost connection, memory). */
+  const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+  snprintf(last_sqlstate, sizeof last_sqlstate, "%s", state ? state : "");
+  db_one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(c), err, errlen);
+  if (err[0] == '\0')
+    snprintf(err, errlen, "unexpected result %s", PQresStatus(st));
+  PQclear(r);
+  return NULL;
+}
+
+int db_command(PGconn *c, const char *sql, char *err, size_t errlen)
+{
+  PGresult *r = db_exec(c, sql, 0, NULL, err, errlen);
+  if (!r)
+    return -1;
+  PQclear(r);
+  return 0;
+}
+
+int db_script(PGconn *c, const char *sql, char *err, size_t errlen)
+{
+  PGresult *r = PQexec(c, sql);
+  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+    PQclear(r);
+    return 0;
+  }
+  db_one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(c), err, errlen);
+  PQclear(r);
+  return -1;
+}
+
+const char *db_last_sqlstate(void)
+{
+  return last_sqlstate;
+}
+
+void db_one_line(const char *msg, char *out, size_t outlen)
+{
+  size_t j = 0;
+  int space = 0;
+  if (outlen == 0)
+    return;
+  for (const char *p = msg ? msg : ""; *p && j + 1 < outlen; p++) {
+    if (*p == '\n' || *p == '\r' || *p == '\t') {
+      space = 1;
+      continue;
+    }
+    if (space && j > 0 && j + 2 < outlen) {
+      out[j++] = ' ';
+    }
+    space = 0;
+    out[j++] = *p;
+  }
+  out[j] = '\0';
+  /* libpq ends most messages with a newline; trailing spaces add nothing. */
+  while (j > 0 && out[j - 1] == ' ')
+    out[--j] = '\0';
+}
+
+void db_describe(PGconn *c, char *out, size_t outlen)
+{
+  const char *host = PQhost(c);
+  snprintf(out, outlen, "database %s on %s:%s", PQdb(c), host && *host ? host : "local",
+           PQport(c));
+}
+
+int db_table_init(struct db_table *t, PGconn *c, const char *spec, char *err, size_t errlen)
+{
+  memset(t, 0, sizeof *t);
+  const char *dot = strchr(spec, '.');
+  const char *name = dot ? dot + 1 : spec;
+  if (*spec == '\0' || *name == '\0' || (dot && dot == spec)) {
+    snprintf(err, errlen, "--table: empty name in '%s' (use NAME or SCHEMA.NAME)", spec);
+    return -1;
+  }
+  t->name = strdup(name);
+  if (dot) {
+    char *s = escape_ident(c, spec, (size_t)(dot - spec));
+    if (s) {
+      t->schema_q = malloc(strlen(s) + 2);
+      if (t->schema_q)
+        sprintf(t->schema_q, "%s.", s);
+      free(s);
+    }
+  } else {
+    t->schema_q = strdup("");
+  }
+  char *n = escape_ident(c, name, strlen(name));
+  if (n && t->schema_q) {
+    t->qualified = malloc(strlen(t->schema_q) + strlen(n) + 1);
+    if (t->qualified)
+      sprintf(t->qualified, "%s%s", t->schema_q, n);
+  }
+  free(n);
+  if (t->qualified) {
+    char *lit = PQescapeLiteral(c, t->qualified, strlen(t->qualified));
+    if (lit) {
+      t->literal = strdup(lit);
+      PQfreemem(lit);
+    }
+  }
+  if (!t->name || !t->schema_q || !t->qualified || !t->literal) {
+    char one[DB_ERR_MAX];
+    db_one_line(PQerrorMessage(c), one, sizeof one);
+    snprintf(err, errlen, "--table: cannot quote '%s': %s", spec, one);
+    db_table_free(t);
+    return -1;
+  }
+  return 0;
+}
+
+void db_table_free(struct db_table *t)
+{
+  free(t->qualified);
+  free(t->schema_q);
+  free(t->name);
+  free(t->literal);
+  memset(t, 0, sizeof *t);
+}
+
+char *db_table_object(const struct db_table *t, PGconn *c, const char *suffix, int qualified)
+{
+  size_t len = strlen(t->name) + strlen(suffix) + 2;
+  char *raw = malloc(len);
+  if (!raw)
+    return NULL;
+  snprintf(raw, len, "%s_%s", t->name, suffix);
+  char *q = escape_ident(c, raw, strlen(raw));
+  free(raw);
+  if (!q || !qualified)
+    return q;
+  char *out = malloc(strlen(t->schema_q) + strlen(q) + 1);
+  if (out)
+    sprintf(out, "%s%s", t->schema_q, q);
+  free(q);
+  return out;
+}
+
+/* PQescapeIdentifier's result must go back through PQfreemem; callers get a malloc'd copy
+   so one free routine serves every string in this file. */
+static char *escape_ident(PGconn *c, const char *s, size_t len)
+{
+  char *e = PQescapeIdentifier(c, s, len);
+  if (!e)
+    return NULL;
+  char *copy = strdup(e);
+  PQfreemem(e);
+  return copy;
+}
+
+static void notice_to_log(void *arg, const char *message)
+{
+  (void)arg;
+  char one[DB_ERR_MAX];
+  db_one_line(message, one, sizeof one);
+  log_debug("postgres: %s", one);
+}

@@ -1,0 +1,162 @@
+/* enqueue: line validation and COPY rows. See enqueue.h. */
+#include "enqueue.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int check_string(json_t *v, const char *key, int nullable, char *err, size_t errlen);
+static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+static int append_escaped(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+
+static const char *const known_keys[] = {
+  "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts", NULL,
+};
+
+enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
+                                        char *err, size_t errlen)
+{
+  *run_after = NULL;
+  size_t i = 0;
+  while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n'))
+    i++;
+  if (i == len)
+    return ENQUEUE_LINE_BLANK;
+
+  json_error_t je;
+  /* Integers beyond 64 bits are valid JSON (and jsonb keeps them exactly: the row is built
+     from the line's own text, not from this parse), so they must not fail the check. */
+  json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
+  if (!o) {
+    snprintf(err, errlen, "invalid JSON at column %d: %s", je.column, je.text);
+    return ENQUEUE_LINE_BAD;
+  }
+  enum enqueue_verdict verdict = ENQUEUE_LINE_BAD;
+  if (!json_is_object(o)) {
+    snprintf(err, errlen, "expected a JSON object with a \"payload\" field");
+    goto out;
+  }
+  const char *key;
+  json_t *v;
+  json_object_foreach(o, key, v) {
+    int known = 0;
+    for (const char *const *k = known_keys; *k; k++)
+      known |= strcmp(*k, key) == 0;
+    if (!known) {
+      snprintf(err, errlen, "unknown field \"%s\" (expected payload, tenant_id, shard_key, "
+               "batch, run_after, delay, max_attempts)", key);
+      goto out;
+    }
+  }
+  v = json_object_get(o, "payload");
+  if (!v) {
+    snprintf(err, errlen, "missing \"payload\"");
+    goto out;
+  }
+  if (json_is_null(v)) {
+    snprintf(err, errlen, "\"payload\" is null");
+    goto out;
+  }
+  if (check_string(json_object_get(o, "tenant_id"), "tenant_id", 0, err, errlen) ||
+      check_string(json_object_get(o, "shard_key"), "shard_key", 0, err, errlen) ||
+      check_string(json_object_get(o, "batch"), "batch", 1, err, errlen) ||
+      check_string(json_object_get(o, "run_after"), "run_after", 0, err, errlen))
+    goto out;
+  json_t *delay = json_object_get(o, "delay");
+  if (delay) {
+    if (!json_is_number(delay) || json_number_value(delay) < 0 ||
+        !isfinite(json_number_value(delay)) || json_number_value(delay) > 3153600000.0) {
+      snprintf(err, errlen, "\"delay\" must be a number of seconds >= 0");
+      goto out;
+    }
+    if (json_object_get(o, "run_after")) {
+      snprintf(err, errlen, "give either \"delay\" or \"run_after\", not both");
+      goto out;
+    }
+  }
+  json_t *ma = json_object_get(o, "max_attempts");
+  if (ma) {
+    /* With INT_AS_REAL every number is a real: accept whole values only. */
+    double d = json_number_value(ma);
+    if (!json_is_number(ma) || d < 1 || d > 2147483647.0 || d != floor(d)) {
+      snprintf(err, errlen, "\"max_attempts\" must be an integer >= 1");
+      goto out;
+    }
+  }
+  json_t *ra = json_object_get(o, "run_after");
+  if (ra) {
+    *run_after = strdup(json_string_value(ra));
+    if (!*run_after) {
+      snprintf(err, errlen, "out of memory");
+      goto out;
+    }
+  }
+  verdict = ENQUEUE_LINE_OK;
+out:
+  json_decref(o);
+  return verdict;
+}
+
+int enqueue_copy_row(char **buf, size_t *len, size_t *cap, long line_no, const char *doc,
+                     size_t doclen, const char *run_after)
+{
+  char num[32];
+  int n = snprintf(num, sizeof num, "%ld\t", line_no);
+  if (append(buf, len, cap, num, (size_t)n) || append_escaped(buf, len, cap, doc, doclen) ||
+      append(buf, len, cap, "\t", 1))
+    return -1;
+  if (run_after ? append_escaped(buf, len, cap, run_after, strlen(run_after))
+                : append(buf, len, cap, "\\N", 2))
+    return -1;
+  return append(buf, len, cap, "\n", 1);
+}
+
+static int check_string(json_t *v, const char *key, int nullable, char *err, size_t errlen)
+{
+  if (!v || (nullable && json_is_null(v)))
+    return 0;
+  if (!json_is_string(v) || json_string_length(v) == 0) {
+    snprintf(err, errlen, "\"%s\" must be a non-empty string%s", key, nullable ? " or null" : "");
+    return -1;
+  }
+  return 0;
+}
+
+static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+  if (*len + n + 1 > *cap) {
+    size_t c = *cap ? *cap : 65536;
+    while (c < *len + n + 1)
+      c *= 2;
+    char *nb = realloc(*buf, c);
+    if (!nb)
+      return -1;
+    *buf = nb;
+    *cap = c;
+  }
+  memcpy(*buf + *len, s, n);
+  *len += n;
+  return 0;
+}
+
+/* COPY text format: backslash, tab, newline and carriage return are escaped. */
+static int append_escaped(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+  size_t start = 0;
+  for (size_t i = 0; i < n; i++) {
+    const char *esc = NULL;
+    switch (s[i]) {
+    case '\\': esc = "\\\\"; break;
+    case '\t': esc = "\\t"; break;
+    case '\n': esc = "\\n"; break;
+    case '\r': esc = "\\r"; break;
+    default: continue;
+    }
+    if (append(buf, len, cap, s + start, i - start) || append(buf, len, cap, esc, 2))
+      return -1;
+    start = i + 1;
+  }
+  return append(buf, len, cap, s + start, n - start);
+}

@@ -1,0 +1,31 @@
+/*
+ * enqueue: checking one task description (a JSONL line) before anything is written, and
+ * writing lines as rows of COPY's text format. Pure: no database, so it can be fuzzed.
+ * A line is a JSON object with "payload" (required, not null) and optional "tenant_id",
+ * "shard_key", "batch" (strings; batch may be null), "run_after" (a timestamp string, parsed
+ * by PostgreSQL), "delay" (seconds >= 0; not together with run_after) and "max_attempts"
+ * (integer >= 1). Unknown fields and duplicate keys are errors: a typo must not silently
+ * enqueue a task with defaults.
+ */
+#ifndef LEASH_ENQUEUE_H
+#define LEASH_ENQUEUE_H
+
+#include <stddef.h>
+
+enum enqueue_verdict {
+  ENQUEUE_LINE_OK,
+  ENQUEUE_LINE_BLANK,   /* whitespace only: skipped */
+  ENQUEUE_LINE_BAD,     /* err says why */
+};
+
+/* Checks one line (not NUL-terminated; len bytes). On OK, *run_after is the line's
+   run_after string (malloc'd) or NULL. */
+enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
+                                        char *err, size_t errlen);
+
+/* Appends "line_no \t doc \t run_after \n" (COPY text format, \N for NULL) to *buf,
+   growing it; returns 0 or -1 when out of memory. */
+int enqueue_copy_row(char **buf, size_t *len, size_t *cap, long line_no, const char *doc,
+                     size_t doclen, const char *run_after);
+
+#endif

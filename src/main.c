@@ -1,0 +1,66 @@
+/* leash: argv, the command table, exit codes. Everything else lives in leash_core. */
+#include "cli.h"
+#include "commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct command {
+  const char *name;
+  int (*run)(struct cli *g, int argc, char **argv);
+  const char *summary;
+};
+
+/* Only commands that exist are listed; --help prints this table. */
+static const struct command commands[] = {
+  { "migrate", cmd_migrate, "create or upgrade the queue table's schema" },
+  { "enqueue", cmd_enqueue, "add one task, or many from a JSONL file" },
+  { "status", cmd_status, "counts per status and the oldest runnable task's age" },
+  { "run", cmd_run, "run the worker host with a Lua script" },
+  { "check", cmd_check, "load a Lua script as run would and report errors" },
+  { NULL, NULL, NULL },
+};
+
+static void print_help(void);
+
+int main(int argc, char **argv)
+{
+  struct cli g = { .table = CLI_DEFAULT_TABLE };
+  static const struct option opts[] = { CLI_GLOBAL_OPTIONS, { NULL, 0, NULL, 0 } };
+  int opt, done;
+
+  /* '+': stop at the command; its own options (and globals after it) are its business. */
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+    if (opt == 'h') {
+      print_help();
+      return EXIT_OK;
+    }
+    if (opt == '?' || opt == ':')
+      return cli_usage_error(&g, "unknown or incomplete option '%s'", argv[optind - 1]);
+    int rc = cli_global_option(&g, opt, optarg, &done);
+    if (done)
+      return rc;
+  }
+  if (optind >= argc) {
+    print_help();
+    return EXIT_USAGE;
+  }
+  int at = optind;
+  const char *name = argv[at];
+  for (const struct command *c = commands; c->name; c++)
+    if (strcmp(c->name, name) == 0) {
+      g.command = c->name;
+      optind = 0;   /* glibc: full re-initialisation for the command's own parse */
+      return c->run(&g, argc - at, argv + at);
+    }
+  return cli_usage_error(&g, "unknown command '%s'", name);
+}
+
+static void print_help(void)
+{
+  printf("usage: leash [GLOBAL OPTIONS] COMMAND [OPTIONS]\n\ncommands:\n");
+  for (const struct command *c = commands; c->name; c++)
+    printf("  %-9s %s\n", c->name, c->summary);
+  printf("\n%s\nRun 'leash COMMAND --help' for a command's options.\n", cli_global_help);
+}

@@ -1,0 +1,198 @@
+/* migrate: placeholder expansion and the apply loop. See migrate.h. */
+#include "migrate.h"
+
+#include "log.h"
+#include "migrations.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct buf {
+  char *s;
+  size_t len, cap;
+};
+
+static int buf_add(struct buf *b, const char *s, size_t n);
+static int applied_versions(PGconn *c, const char *history, int *max_version, char *err,
+                            size_t errlen);
+
+/* One lock for all of leash's migrations, whatever the table: DDL is rare and short. */
+static const char lock_sql[] = "SELECT pg_advisory_xact_lock(hashtextextended('leash.migrate', 0))";
+
+char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char *err,
+                     size_t errlen)
+{
+  struct buf b = { 0 };
+  const char *p = sql;
+  while (*p) {
+    const char *open = strstr(p, "{{");
+    if (!open) {
+      if (buf_add(&b, p, strlen(p)) != 0)
+        goto oom;
+      break;
+    }
+    if (buf_add(&b, p, (size_t)(open - p)) != 0)
+      goto oom;
+    const char *close = strstr(open, "}}");
+    if (!close) {
+      snprintf(err, errlen, "migration text has an unclosed '{{'");
+      goto fail;
+    }
+    char key[128];
+    size_t klen = (size_t)(close - open - 2);
+    if (klen >= sizeof key) {
+      snprintf(err, errlen, "migration placeholder too long");
+      goto fail;
+    }
+    memcpy(key, open + 2, klen);
+    key[klen] = '\0';
+    char *owned = NULL;
+    const char *val = NULL;
+    if (strcmp(key, "table") == 0)
+      val = t->qualified;
+    else if (strcmp(key, "table_literal") == 0)
+      val = t->literal;
+    else if (strncmp(key, "obj:", 4) == 0)
+      val = owned = db_table_object(t, c, key + 4, 1);
+    else if (strncmp(key, "name:", 5) == 0)
+      val = owned = db_table_object(t, c, key + 5, 0);
+    else {
+      snprintf(err, errlen, "migration text has an unknown placeholder {{%s}}", key);
+      goto fail;
+    }
+    int rc = val ? buf_add(&b, val, strlen(val)) : -1;
+    free(owned);
+    if (rc != 0)
+      goto oom;
+    p = close + 2;
+  }
+  if (buf_add(&b, "", 1) != 0)
+    goto oom;
+  return b.s;
+oom:
+  snprintf(err, errlen, "out of memory expanding a migration");
+fail:
+  free(b.s);
+  return NULL;
+}
+
+int migrate_run(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  int applied = -1, max_version = 0;
+  char *history = db_table_object(t, c, "migrations", 1);
+  char *create = NULL, *record = NULL;
+  if (!history) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  if (db_command(c, "BEGIN", err, errlen) != 0)
+    goto out;
+  if (db_command(c, lock_sql, err, errlen) != 0)
+    goto rollback;
+  /* Created under the lock: two first runs cannot race on CREATE TABLE IF NOT EXISTS. */
+  size_t n = strlen(history) + 256;
+  create = malloc(n);
+  record = malloc(n);
+  if (!create || !record) {
+    snprintf(err, errlen, "out of memory");
+    goto rollback;
+  }
+  snprintf(create, n,
+           "CREATE TABLE IF NOT EXISTS %s (version int PRIMARY KEY, name text NOT NULL, "
+           "applied_at timestamptz NOT NULL DEFAULT now())", history);
+  snprintf(record, n, "INSERT INTO %s (version, name) VALUES ($1::int, $2)", history);
+  if (db_command(c, create, err, errlen) != 0)
+    goto rollback;
+  if (applied_versions(c, history, &max_version, err, errlen) != 0)
+    goto rollback;
+
+  int count = 0;
+  for (int i = 0; i < migrations_count; i++) {
+    const struct migration *m = &migrations[i];
+    if (m->version <= max_version)
+      continue;
+    char *sql = migrate_expand(c, t, m->sql, err, errlen);
+    if (!sql)
+      goto rollback;
+    char msg[DB_ERR_MAX];
+    int rc = db_script(c, sql, msg, sizeof msg);
+    free(sql);
+    if (rc != 0) {
+      snprintf(err, errlen, "migration %s failed: %s", m->name, msg);
+      goto rollback;
+    }
+    char version[16];
+    snprintf(version, sizeof version, "%d", m->version);
+    const char *params[] = { version, m->name };
+    PGresult *r = db_exec(c, record, 2, params, err, errlen);
+    if (!r)
+      goto rollback;
+    PQclear(r);
+    log_info("applied migration %s", m->name);
+    count++;
+  }
+  if (db_command(c, "COMMIT", err, errlen) != 0)
+    goto out;
+  applied = count;
+  goto out;
+rollback: {
+    char ignored[DB_ERR_MAX];
+    db_command(c, "ROLLBACK", ignored, sizeof ignored);
+  }
+out:
+  free(create);
+  free(record);
+  free(history);
+  return applied;
+}
+
+int migrate_check(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  char *history = db_table_object(t, c, "migrations", 1);
+  if (!history) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  int max_version = 0;
+  char msg[DB_ERR_MAX];
+  int rc = applied_versions(c, history, &max_version, msg, sizeof msg);
+  free(history);
+  int want = migrations_count > 0 ? migrations[migrations_count - 1].version : 0;
+  if (rc != 0 || max_version < want) {
+    snprintf(err, errlen, "queue table %s is not migrated (schema version %d, need %d): "
+             "run 'leash migrate' first", t->qualified, max_version, want);
+    return -1;
+  }
+  return 0;
+}
+
+static int applied_versions(PGconn *c, const char *history, int *max_version, char *err,
+                            size_t errlen)
+{
+  char sql[512];
+  snprintf(sql, sizeof sql, "SELECT coalesce(max(version), 0) FROM %s", history);
+  PGresult *r = db_exec(c, sql, 0, NULL, err, errlen);
+  if (!r)
+    return -1;
+  *max_version = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return 0;
+}
+
+static int buf_add(struct buf *b, const char *s, size_t n)
+{
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *ns = realloc(b->s, cap);
+    if (!ns)
+      return -1;
+    b->s = ns;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, s, n);
+  b->len += n;
+  return 0;
+}

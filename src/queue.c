@@ -1,0 +1,361 @@
+/* queue: the protocol's statements. See queue.h and sql/002_leases.sql. */
+#include "queue.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct queue {
+  char *claim_sql, *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql;
+  char *owner;
+  char visibility[32];
+  double visibility_s;
+};
+
+/* Growable text for array literals: {1,2,3} and {"a","b"}. */
+struct text {
+  char *s;
+  size_t len, cap;
+  int oom;
+};
+
+static char *format_sql(const char *fmt, const char *a);
+static void text_add(struct text *b, const char *s, size_t n);
+static void text_add_quoted(struct text *b, const char *s);
+static char *int_array(const int64_t *v, const int *w, int n);
+static struct task *task_from_row(PGresult *r, int i, double now, double visibility);
+
+struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
+                        double visibility_s)
+{
+  struct queue *q = calloc(1, sizeof *q);
+  char *claim = db_table_object(t, c, "claim", 1), *settle = db_table_object(t, c, "settle", 1);
+  char *reap = db_table_object(t, c, "reap", 1), *release = db_table_object(t, c, "release", 1);
+  if (!q || !claim || !settle || !reap || !release)
+    goto fail;
+  q->claim_sql = format_sql(
+    "SELECT id, attempts, max_attempts, tenant_id, shard_key, batch, payload::text "
+    "FROM %s($1, $2::int, $3::float8, $4::text[], $5)", claim);
+  q->settle_sql = format_sql(
+    "SELECT id FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], "
+    "$7::jsonb[])", settle);
+  q->reap_sql = format_sql("SELECT count(*) FROM %s()", reap);
+  q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::int[])", release);
+  /* Only a lease that has not expired is renewed: once expired, another claimer may already
+     hold the shard, and reviving it would make two leases of one shard. */
+  q->heartbeat_sql = format_sql(
+    "UPDATE %s q SET locked_until = now() + make_interval(secs => $4::float8) "
+    "  FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt) "
+    " WHERE q.id = u.id AND q.attempts = u.attempt AND q.lease_owner = $3 "
+    "   AND q.status = 'leased' AND q.locked_until > now() "
+    "RETURNING q.id", t->qualified);
+  q->open_sql = format_sql(
+    "SELECT EXISTS (SELECT 1 FROM %s WHERE status IN ('pending', 'leased') "
+    "  AND ($1::text[] IS NULL OR tenant_id = ANY ($1::text[])) "
+    "  AND ($2::text IS NULL OR batch = $2))", t->qualified);
+  q->owner = strdup(owner);
+  q->visibility_s = visibility_s;
+  snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
+  if (!q->claim_sql || !q->settle_sql || !q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
+      !q->open_sql || !q->owner)
+    goto fail;
+  free(claim);
+  free(settle);
+  free(reap);
+  free(release);
+  return q;
+fail:
+  free(claim);
+  free(settle);
+  free(reap);
+  free(release);
+  queue_free(q);
+  return NULL;
+}
+
+void queue_free(struct queue *q)
+{
+  if (!q)
+    return;
+  free(q->claim_sql);
+  free(q->settle_sql);
+  free(q->heartbeat_sql);
+  free(q->reap_sql);
+  free(q->release_sql);
+  free(q->open_sql);
+  free(q->owner);
+  free(q);
+}
+
+int queue_claim(struct queue *q, PGconn *c, const struct queue_scope *s, int n,
+                struct task **out, char *err, size_t errlen)
+{
+  char nbuf[16];
+  snprintf(nbuf, sizeof nbuf, "%d", n);
+  const char *params[] = { q->owner, nbuf, q->visibility, s->tenants, s->batch };
+  double now = task_now();
+  *out = NULL;
+  PGresult *r = db_exec(c, q->claim_sql, 5, params, err, errlen);
+  if (!r)
+    return -1;
+  int rows = PQntuples(r);
+  struct task **tail = out;
+  for (int i = 0; i < rows; i++) {
+    struct task *t = task_from_row(r, i, now, q->visibility_s);
+    if (!t) {
+      /* The rows are leased already; they come back when the lease expires. */
+      snprintf(err, errlen, "out of memory reading claimed tasks");
+      PQclear(r);
+      return -1;
+    }
+    *tail = t;
+    tail = &t->next;
+  }
+  PQclear(r);
+  return rows;
+}
+
+int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
+                 char *err, size_t errlen)
+{
+  struct text ids = { 0 }, atts = { 0 }, kinds = { 0 }, delays = { 0 }, errs = { 0 },
+              results = { 0 };
+  static const char *const kind_names[] = { "done", "retry", "dead" };
+  char num[64];
+  int i = 0, rc = -1;
+  text_add(&ids, "{", 1);
+  text_add(&atts, "{", 1);
+  text_add(&kinds, "{", 1);
+  text_add(&delays, "{", 1);
+  text_add(&errs, "{", 1);
+  text_add(&results, "{", 1);
+  for (struct task *t = list; t && i < n; t = t->next, i++) {
+    const char *sep = i ? "," : "";
+    snprintf(num, sizeof num, "%s%lld", sep, (long long)t->id);
+    text_add(&ids, num, strlen(num));
+    snprintf(num, sizeof num, "%s%d", sep, t->attempt);
+    text_add(&atts, num, strlen(num));
+    text_add(&kinds, sep, strlen(sep));
+    text_add(&kinds, kind_names[t->kind], strlen(kind_names[t->kind]));
+    if (t->kind == OUTCOME_RETRY && t->delay >= 0)
+      snprintf(num, sizeof num, "%s%.3f", sep, t->delay);
+    else
+      snprintf(num, sizeof num, "%sNULL", sep);
+    text_add(&delays, num, strlen(num));
+    text_add(&errs, sep, strlen(sep));
+    if (t->error)
+      text_add_quoted(&errs, t->error);
+    else
+      text_add(&errs, "NULL", 4);
+    text_add(&results, sep, strlen(sep));
+    if (t->result)
+      text_add_quoted(&results, t->result);
+    else
+      text_add(&results, "NULL", 4);
+  }
+  text_add(&ids, "}", 1);
+  text_add(&atts, "}", 1);
+  text_add(&kinds, "}", 1);
+  text_add(&delays, "}", 1);
+  text_add(&errs, "}", 1);
+  text_add(&results, "}", 1);
+  if (ids.oom || atts.oom || kinds.oom || delays.oom || errs.oom || results.oom) {
+    snprintf(err, errlen, "out of memory building a settle");
+    goto out;
+  }
+  const char *params[] = { q->owner, ids.s, atts.s, kinds.s, delays.s, errs.s, results.s };
+  PGresult *r = db_exec(c, q->settle_sql, 7, params, err, errlen);
+  if (!r)
+    goto out;
+  memset(applied, 0, (size_t)n);
+  for (int row = 0; row < PQntuples(r); row++) {
+    long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
+    i = 0;
+    for (struct task *t = list; t && i < n; t = t->next, i++)
+      if (t->id == id)
+        applied[i] = 1;
+  }
+  PQclear(r);
+  rc = 0;
+out:
+  free(ids.s);
+  free(atts.s);
+  free(kinds.s);
+  free(delays.s);
+  free(errs.s);
+  free(results.s);
+  return rc;
+}
+
+int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
+                    char *renewed, char *err, size_t errlen)
+{
+  char *id_list = int_array(ids, NULL, n), *att_list = int_array(NULL, attempts, n);
+  int rc = -1;
+  if (!id_list || !att_list) {
+    snprintf(err, errlen, "out of memory building a heartbeat");
+    goto out;
+  }
+  const char *params[] = { id_list, att_list, q->owner, q->visibility };
+  PGresult *r = db_exec(c, q->heartbeat_sql, 4, params, err, errlen);
+  if (!r)
+    goto out;
+  memset(renewed, 0, (size_t)n);
+  for (int row = 0; row < PQntuples(r); row++) {
+    long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
+    for (int i = 0; i < n; i++)
+      if (ids[i] == id)
+        renewed[i] = 1;
+  }
+  PQclear(r);
+  rc = 0;
+out:
+  free(id_list);
+  free(att_list);
+  return rc;
+}
+
+int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen)
+{
+  PGresult *r = db_exec(c, q->reap_sql, 0, NULL, err, errlen);
+  if (!r)
+    return -1;
+  int n = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return n;
+}
+
+int queue_release(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
+                  char *err, size_t errlen)
+{
+  char *id_list = int_array(ids, NULL, n), *att_list = int_array(NULL, attempts, n);
+  int rc = -1;
+  if (!id_list || !att_list) {
+    snprintf(err, errlen, "out of memory building a release");
+    goto out;
+  }
+  const char *params[] = { q->owner, id_list, att_list };
+  PGresult *r = db_exec(c, q->release_sql, 3, params, err, errlen);
+  if (r) {
+    rc = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+  }
+out:
+  free(id_list);
+  free(att_list);
+  return rc;
+}
+
+int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, char *err,
+                     size_t errlen)
+{
+  const char *params[] = { s->tenants, s->batch };
+  PGresult *r = db_exec(c, q->open_sql, 2, params, err, errlen);
+  if (!r)
+    return -1;
+  int open = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+  PQclear(r);
+  return open;
+}
+
+char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  const char *params[] = { t->qualified };
+  PGresult *r = db_exec(c, "SELECT 'leash_' || to_regclass($1)::oid::text", 1, params, err,
+                        errlen);
+  if (!r)
+    return NULL;
+  char *out = NULL;
+  const char *channel = PQgetvalue(r, 0, 0);
+  char *quoted = PQescapeIdentifier(c, channel, strlen(channel));
+  if (quoted) {
+    out = format_sql("LISTEN %s", quoted);
+    PQfreemem(quoted);
+  }
+  PQclear(r);
+  if (!out)
+    snprintf(err, errlen, "out of memory");
+  return out;
+}
+
+static struct task *task_from_row(PGresult *r, int i, double now, double visibility)
+{
+  struct task *t = calloc(1, sizeof *t);
+  if (!t)
+    return NULL;
+  t->id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+  t->attempt = atoi(PQgetvalue(r, i, 1));
+  t->max_attempts = atoi(PQgetvalue(r, i, 2));
+  t->tenant_id = strdup(PQgetvalue(r, i, 3));
+  t->shard_key = strdup(PQgetvalue(r, i, 4));
+  t->batch = PQgetisnull(r, i, 5) ? NULL : strdup(PQgetvalue(r, i, 5));
+  t->payload = strdup(PQgetvalue(r, i, 6));
+  t->claimed_at = now;
+  t->lease_deadline = now + visibility;
+  t->delay = -1;
+  atomic_init(&t->lost, 0);
+  if (!t->tenant_id || !t->shard_key || !t->payload || (!PQgetisnull(r, i, 5) && !t->batch)) {
+    task_free(t);
+    return NULL;
+  }
+  return t;
+}
+
+static char *format_sql(const char *fmt, const char *a)
+{
+  size_t n = strlen(fmt) + strlen(a) + 1;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, fmt, a);
+  return s;
+}
+
+static void text_add(struct text *b, const char *s, size_t n)
+{
+  if (b->oom)
+    return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 256;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *ns = realloc(b->s, cap);
+    if (!ns) {
+      b->oom = 1;
+      return;
+    }
+    b->s = ns;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, s, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+}
+
+/* An element of an array literal: double-quoted, with " and \ escaped. */
+static void text_add_quoted(struct text *b, const char *s)
+{
+  text_add(b, "\"", 1);
+  for (const char *p = s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      text_add(b, "\\", 1);
+    text_add(b, p, 1);
+  }
+  text_add(b, "\"", 1);
+}
+
+static char *int_array(const int64_t *v, const int *w, int n)
+{
+  struct text b = { 0 };
+  char num[32];
+  text_add(&b, "{", 1);
+  for (int i = 0; i < n; i++) {
+    snprintf(num, sizeof num, "%s%lld", i ? "," : "", v ? (long long)v[i] : (long long)w[i]);
+    text_add(&b, num, strlen(num));
+  }
+  text_add(&b, "}", 1);
+  if (b.oom) {
+    free(b.s);
+    return NULL;
+  }
+  return b.s;
+}

@@ -1,0 +1,57 @@
+/*
+ * queue: every SQL statement of the lease protocol, on a connection the caller owns:
+ * claim, settle (batched and fenced), heartbeat (one statement for all leases), reap,
+ * release on drain, and the scope check of --until-empty. The functions themselves live in
+ * sql/ (created by migrate); this unit holds their quoted names and binds parameters.
+ * A failure returns -1 with a one-line message; the caller decides on reconnecting.
+ */
+#ifndef LEASH_QUEUE_H
+#define LEASH_QUEUE_H
+
+#include "db.h"
+#include "task.h"
+
+#include <stdint.h>
+
+struct queue_scope {
+  const char *tenants;   /* text[] literal of --tenant values, or NULL for all */
+  const char *batch;     /* --batch, or NULL */
+};
+
+struct queue;
+
+/* Builds the statements for table t (names quoted with c). NULL when out of memory. */
+struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
+                        double visibility_s);
+void queue_free(struct queue *q);
+
+/* Leases up to n runnable tasks of the scope; *out receives a list (task->next) of new tasks
+   with lease_deadline set. Returns the count or -1. */
+int queue_claim(struct queue *q, PGconn *c, const struct queue_scope *s, int n,
+                struct task **out, char *err, size_t errlen);
+
+/* Writes the outcomes of the tasks in list (one statement). For each task, applied[i]
+   (in list order) tells whether the fenced write matched: 0 means a late outcome. */
+int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
+                 char *err, size_t errlen);
+
+/* Renews the leases of ids/attempts (n of them); renewed[i] = 1 for each row still ours. */
+int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
+                    char *renewed, char *err, size_t errlen);
+
+/* Expired leases back to pending (or dead); returns how many, or -1. */
+int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen);
+
+/* Gives leases back to pending without charging the attempt; returns how many, or -1. */
+int queue_release(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
+                  char *err, size_t errlen);
+
+/* 1 when the scope still has pending or leased tasks (future ones included), 0 when it has
+   settled, -1 on error. */
+int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, char *err,
+                     size_t errlen);
+
+/* The LISTEN channel: "leash_<table oid>" (the trigger's name for it), quoted. malloc'd. */
+char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen);
+
+#endif

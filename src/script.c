@@ -1,0 +1,567 @@
+/* script: state, sandbox, loading and running handle(task). See script.h. */
+#include "script.h"
+
+#include "api.h"
+#include "json_lua.h"
+#include "log.h"
+
+#include <lauxlib.h>
+#include <lualib.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOAD_TIMEOUT_S 5.0
+#define HOOK_EVERY 1000          /* instructions between clock checks */
+#define ERROR_MAX 8192           /* last_error is cut here */
+
+struct script {
+  lua_State *L;
+  const struct script_host *host;
+  int handle_ref;
+  size_t mem_used, mem_limit;
+  struct task *current;
+  double deadline;             /* monotonic; 0 = none */
+  const char *abort_reason;    /* set by the hook when it stops a task */
+  int broken;
+  char dir[1024];              /* the script's folder, for require of siblings */
+  char version[17];
+};
+
+static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+static int panic_handler(lua_State *L);
+static int msg_handler(lua_State *L);
+static void deadline_hook(lua_State *L, lua_Debug *ar);
+static int load_protected(lua_State *L);
+static void build_env(lua_State *L);
+static int l_require(lua_State *L);
+static int l_print(lua_State *L);
+static int l_task_lease_lost(lua_State *L);
+static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
+static void push_task(lua_State *L, struct script *s, struct task *t);
+static void set_error(struct task *t, const char *prefix, const char *msg);
+static void read_outcome(struct script *s, struct task *t, int base, int nret);
+
+/* Registry keys by address (no string keys that could collide). */
+static const char env_key = 'E';
+static const char modules_key = 'M';
+
+struct script *script_load(const char *path, const struct script_host *host, char *err,
+                           size_t errlen)
+{
+  struct script *s = calloc(1, sizeof *s);
+  size_t len = 0;
+  char *text = NULL;
+  if (!s) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  s->host = host;
+  s->handle_ref = LUA_NOREF;
+  s->mem_limit = host->memory_limit;
+  if (!(text = read_file(path, &len, err, errlen)))
+    goto fail;
+  uint64_t h = 1469598103934665603ULL;   /* FNV-1a: a version name, not a security hash */
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ (unsigned char)text[i]) * 1099511628211ULL;
+  snprintf(s->version, sizeof s->version, "%016llx", (unsigned long long)h);
+  const char *slash = strrchr(path, '/');
+  if (slash)
+    snprintf(s->dir, sizeof s->dir, "%.*s", (int)(slash - path), path);
+  else
+    snprintf(s->dir, sizeof s->dir, ".");
+
+  s->L = lua_newstate(limited_alloc, s);
+  if (!s->L) {
+    snprintf(err, errlen, "cannot create a Lua state (out of memory)");
+    goto fail;
+  }
+  lua_atpanic(s->L, panic_handler);
+  *(struct script **)lua_getextraspace(s->L) = s;
+
+  /* Everything from here runs protected, so a memory error is a message, not a panic. */
+  s->deadline = task_now() + LOAD_TIMEOUT_S;
+  lua_sethook(s->L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  lua_pushcfunction(s->L, msg_handler);
+  lua_pushcfunction(s->L, load_protected);
+  lua_pushlightuserdata(s->L, text);
+  lua_pushinteger(s->L, (lua_Integer)len);
+  lua_pushstring(s->L, path);
+  int rc = lua_pcall(s->L, 3, 1, 1);
+  lua_sethook(s->L, NULL, 0, 0);
+  s->deadline = 0;
+  if (rc != LUA_OK) {
+    const char *msg = lua_tostring(s->L, -1);
+    snprintf(err, errlen, "%s", s->abort_reason ? "script took too long to load"
+                                : msg ? msg : "error loading script");
+    goto fail;
+  }
+  s->handle_ref = luaL_ref(s->L, LUA_REGISTRYINDEX);
+  lua_settop(s->L, 0);
+  free(text);
+  return s;
+fail:
+  free(text);
+  script_free(s);
+  return NULL;
+}
+
+void script_free(struct script *s)
+{
+  if (!s)
+    return;
+  if (s->L)
+    lua_close(s->L);
+  free(s);
+}
+
+const char *script_version(const struct script *s)
+{
+  return s->version;
+}
+
+int script_broken(const struct script *s)
+{
+  return s->broken;
+}
+
+struct script *script_of(lua_State *L)
+{
+  return *(struct script **)lua_getextraspace(L);
+}
+
+const struct script_host *script_host_of(const struct script *s)
+{
+  return s->host;
+}
+
+struct task *script_task(const struct script *s)
+{
+  return s->current;
+}
+
+double script_time_left(const struct script *s)
+{
+  return s->deadline > 0 ? s->deadline - task_now() : 1e9;
+}
+
+void script_check_live(lua_State *L, const char *what)
+{
+  struct script *s = script_of(L);
+  if (!s->current)
+    luaL_error(L, "%s: only available while a task runs", what);
+  if (atomic_load(&s->current->lost))
+    luaL_error(L, "%s: lease lost: the task's side effects are stopped", what);
+  if (atomic_load(s->host->stopping))
+    luaL_error(L, "%s: the worker is stopping", what);
+}
+
+void script_run(struct script *s, struct task *t)
+{
+  lua_State *L = s->L;
+  double start = task_now();
+  s->current = t;
+  s->abort_reason = NULL;
+  s->deadline = s->host->task_timeout > 0 ? start + s->host->task_timeout : 0;
+  lua_settop(L, 0);
+  lua_pushcfunction(L, msg_handler);
+  int base = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->handle_ref);
+  push_task(L, s, t);
+  lua_sethook(L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  int rc = lua_pcall(L, 1, LUA_MULTRET, base);
+  lua_sethook(L, NULL, 0, 0);
+  t->duration = task_now() - start;
+  if (rc == LUA_OK) {
+    read_outcome(s, t, base, lua_gettop(L) - base);
+  } else {
+    t->kind = OUTCOME_RETRY;
+    if (rc == LUA_ERRMEM) {
+      s->broken = 1;
+      char msg[96];
+      snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)",
+               s->mem_limit / (1024 * 1024));
+      set_error(t, NULL, msg);
+    } else if (s->abort_reason) {
+      set_error(t, NULL, s->abort_reason);
+    } else {
+      set_error(t, NULL, lua_tostring(L, -1) ? lua_tostring(L, -1) : "error without a message");
+    }
+  }
+  lua_settop(L, 0);
+  s->current = NULL;
+  s->deadline = 0;
+  /* A task's garbage should not count against the next task's memory. */
+  lua_gc(L, LUA_GCCOLLECT);
+}
+
+/* [-(nret), +0, m] What handle returned, as SPEC.md's table maps it. */
+static void read_outcome(struct script *s, struct task *t, int base, int nret)
+{
+  lua_State *L = s->L;
+  int v = base + 1;
+  const char *kind;
+  char err[512];
+  if (nret == 0 || lua_isnil(L, v) || (lua_isboolean(L, v) && lua_toboolean(L, v))) {
+    t->kind = OUTCOME_DONE;
+    return;
+  }
+  if (lua_isboolean(L, v)) {   /* false, msg */
+    t->kind = OUTCOME_RETRY;
+    set_error(t, NULL, nret >= 2 && lua_type(L, v + 1) != LUA_TNIL ? luaL_tolstring(L, v + 1, NULL)
+                                                                  : "handle returned false");
+    return;
+  }
+  if ((kind = api_outcome_kind(L, v)) != NULL) {
+    if (strcmp(kind, "ok") == 0) {
+      t->kind = OUTCOME_DONE;
+      lua_getfield(L, v, "result");
+      if (!lua_isnil(L, -1)) {
+        t->result = jsonlua_encode(L, -1, err, sizeof err);
+        if (!t->result) {
+          t->kind = OUTCOME_RETRY;
+          set_error(t, "leash.ok: result cannot be stored as JSON: ", err);
+        }
+      }
+      return;
+    }
+    t->kind = strcmp(kind, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_DEAD;
+    lua_getfield(L, v, "message");
+    set_error(t, NULL, lua_tostring(L, -1) ? lua_tostring(L, -1) : kind);
+    lua_getfield(L, v, "delay");
+    if (lua_isnumber(L, -1))
+      t->delay = lua_tonumber(L, -1);
+    return;
+  }
+  t->kind = OUTCOME_RETRY;
+  snprintf(err, sizeof err, "handle returned a %s; return nothing, true, leash.ok(result), "
+           "false, msg, leash.retry(msg) or leash.fatal(msg)", luaL_typename(L, v));
+  set_error(t, NULL, err);
+}
+
+static void set_error(struct task *t, const char *prefix, const char *msg)
+{
+  size_t n = (prefix ? strlen(prefix) : 0) + strlen(msg) + 1;
+  if (n > ERROR_MAX)
+    n = ERROR_MAX;
+  free(t->error);
+  t->error = malloc(n);
+  if (t->error)
+    snprintf(t->error, n, "%s%s", prefix ? prefix : "", msg);
+}
+
+/* [-0, +1, m] The task table handed to handle. */
+static void push_task(lua_State *L, struct script *s, struct task *t)
+{
+  char err[256];
+  lua_createtable(L, 0, 10);
+  lua_pushinteger(L, t->id);
+  lua_setfield(L, -2, "id");
+  lua_pushstring(L, t->tenant_id);
+  lua_setfield(L, -2, "tenant_id");
+  lua_pushstring(L, t->shard_key);
+  lua_setfield(L, -2, "shard_key");
+  lua_pushinteger(L, t->attempt);
+  lua_setfield(L, -2, "attempt");
+  lua_pushinteger(L, t->max_attempts);
+  lua_setfield(L, -2, "max_attempts");
+  lua_pushstring(L, s->host->worker_id);
+  lua_setfield(L, -2, "worker_id");
+  if (t->batch) {
+    lua_pushstring(L, t->batch);
+    lua_setfield(L, -2, "batch");
+  }
+  if (jsonlua_decode(L, t->payload, strlen(t->payload), err, sizeof err) != 0)
+    lua_pushstring(L, t->payload);   /* jsonb text always decodes; keep the text otherwise */
+  lua_setfield(L, -2, "payload");
+  /* lease_lost reads the task by id, so a task table kept past its run answers true
+     instead of reading freed memory. */
+  lua_pushinteger(L, t->id);
+  lua_pushcclosure(L, l_task_lease_lost, 1);
+  lua_setfield(L, -2, "lease_lost");
+}
+
+static int l_task_lease_lost(lua_State *L)
+{
+  struct script *s = script_of(L);
+  lua_Integer id = lua_tointeger(L, lua_upvalueindex(1));
+  int lost = !s->current || s->current->id != id || atomic_load(&s->current->lost);
+  lua_pushboolean(L, lost);
+  return 1;
+}
+
+/* Runs inside lua_pcall: builds the environment, loads and runs the chunk, checks the
+   contract, runs setup. Arguments: text (light userdata), length, path. Returns handle. */
+static int load_protected(lua_State *L)
+{
+  const char *text = lua_touserdata(L, 1);
+  size_t len = (size_t)lua_tointeger(L, 2);
+  const char *path = lua_tostring(L, 3);
+  luaL_requiref(L, LUA_GNAME, luaopen_base, 0);
+  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 0);
+  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 0);
+  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 0);
+  luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 0);
+  luaL_requiref(L, LUA_COLIBNAME, luaopen_coroutine, 0);
+  luaL_requiref(L, LUA_OSLIBNAME, luaopen_os, 0);
+  lua_settop(L, 3);
+  build_env(L);
+
+  lua_pushfstring(L, "@%s", path);
+  if (luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t") != LUA_OK)
+    return lua_error(L);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &env_key);
+  lua_setupvalue(L, -2, 1);        /* the chunk's _ENV */
+  lua_call(L, 0, 1);
+  if (lua_isfunction(L, -1))
+    return 1;
+  if (!lua_istable(L, -1))
+    return luaL_error(L, "%s: the script must return handle(task) or { handle = ..., setup = ... },"
+                      " not a %s", path, luaL_typename(L, -1));
+  int mod = lua_gettop(L);
+  if (lua_getfield(L, mod, "setup") != LUA_TNIL) {
+    if (!lua_isfunction(L, -1))
+      return luaL_error(L, "%s: setup must be a function", path);
+    lua_call(L, 0, 0);
+  } else {
+    lua_pop(L, 1);
+  }
+  if (lua_getfield(L, mod, "handle") != LUA_TFUNCTION)
+    return luaL_error(L, "%s: the returned table has no handle function", path);
+  return 1;
+}
+
+/* [-0, +0, m] The environment scripts see, built from what is allowed (never by deleting
+   from the full one), stored in the registry. */
+static void build_env(lua_State *L)
+{
+  static const char *const base_names[] = {
+    "assert", "error", "ipairs", "next", "pairs", "pcall", "rawequal", "rawget", "rawlen",
+    "select", "setmetatable", "getmetatable", "tonumber", "tostring", "type", "xpcall",
+    "_VERSION", NULL,
+  };
+  static const char *const libs[] = { "string", "table", "math", "utf8", "coroutine", NULL };
+  static const char *const os_names[] = { "time", "clock", "date", "difftime", NULL };
+
+  lua_newtable(L);                                  /* env */
+  int env = lua_gettop(L);
+  for (const char *const *n = base_names; *n; n++) {
+    lua_getglobal(L, *n);
+    lua_setfield(L, env, *n);
+  }
+  /* Fresh copies of library tables: a script changing string.x changes only its copy. */
+  for (const char *const *lib = libs; *lib; lib++) {
+    lua_getglobal(L, *lib);
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, -3)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_settable(L, -4);
+    }
+    lua_setfield(L, env, *lib);
+    lua_pop(L, 1);
+  }
+  lua_getglobal(L, "os");
+  lua_newtable(L);
+  for (const char *const *n = os_names; *n; n++) {
+    lua_getfield(L, -2, *n);
+    lua_setfield(L, -2, *n);
+  }
+  lua_setfield(L, env, "os");
+  lua_pop(L, 1);
+  lua_pushcfunction(L, l_print);
+  lua_setfield(L, env, "print");
+  lua_pushcfunction(L, l_require);
+  lua_setfield(L, env, "require");
+  lua_pushvalue(L, env);
+  lua_setfield(L, env, "_G");
+
+  /* All strings share one metatable whose __index is the real string table; lock it. */
+  lua_pushliteral(L, "");
+  if (lua_getmetatable(L, -1)) {
+    lua_pushliteral(L, "string");
+    lua_setfield(L, -2, "__metatable");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+
+  lua_newtable(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &modules_key);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &env_key);      /* pops env */
+}
+
+/* require "leash" gives the host API; require "x.y" loads x/y.lua from the script's folder
+   as text in the same sandbox, once per state. */
+static int l_require(lua_State *L)
+{
+  const char *name = luaL_checkstring(L, 1);
+  struct script *s = script_of(L);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &modules_key);
+  int cache = lua_gettop(L);
+  if (lua_getfield(L, cache, name) != LUA_TNIL)
+    return 1;
+  lua_pop(L, 1);
+  if (strcmp(name, "leash") == 0) {
+    api_leash_open(L);
+  } else {
+    if (strstr(name, "..") || name[0] == '/' || name[0] == '.')
+      return luaL_error(L, "require: bad module name '%s'", name);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addstring(&b, s->dir);
+    luaL_addchar(&b, '/');
+    for (const char *p = name; *p; p++)
+      luaL_addchar(&b, *p == '.' ? '/' : *p);
+    luaL_addstring(&b, ".lua");
+    luaL_pushresult(&b);
+    const char *path = lua_tostring(L, -1);
+    char err[512];
+    size_t len;
+    char *text = read_file(path, &len, err, sizeof err);
+    if (!text)
+      return luaL_error(L, "require: module '%s' not found (%s)", name, err);
+    lua_pushfstring(L, "@%s", path);
+    int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
+    free(text);
+    if (rc != LUA_OK)
+      return lua_error(L);
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &env_key);
+    lua_setupvalue(L, -2, 1);
+    lua_pushstring(L, name);
+    lua_call(L, 1, 1);
+    if (lua_isnil(L, -1)) {
+      lua_pop(L, 1);
+      lua_pushboolean(L, 1);
+    }
+  }
+  lua_pushvalue(L, -1);
+  lua_setfield(L, cache, name);
+  return 1;
+}
+
+/* print goes to the host's log, tagged like leash.log.info. */
+static int l_print(lua_State *L)
+{
+  int n = lua_gettop(L);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int i = 1; i <= n; i++) {
+    luaL_tolstring(L, i, NULL);
+    luaL_addvalue(&b);
+    if (i < n)
+      luaL_addchar(&b, '\t');
+  }
+  luaL_pushresult(&b);
+  struct script *s = script_of(L);
+  char id[32] = "", attempt[16] = "";
+  const struct task *t = s->current;
+  if (t) {
+    snprintf(id, sizeof id, "%lld", (long long)t->id);
+    snprintf(attempt, sizeof attempt, "%d", t->attempt);
+  }
+  struct log_field f[] = {
+    { "task_id", t ? id : NULL }, { "tenant", t ? t->tenant_id : NULL },
+    { "attempt", t ? attempt : NULL }, { "worker", s->host->worker_id }, { NULL, NULL },
+  };
+  log_fields(LOG_INFO, f, "%s", lua_tostring(L, -1));
+  return 0;
+}
+
+/* The message handler: text for any error value, plus a traceback. */
+static int msg_handler(lua_State *L)
+{
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* Stops the running code once the task is over its deadline, its lease is lost or the
+   worker must stop now. Another thread never touches the state: it only sets flags read
+   here. After tripping, the hook fires on every instruction, so a script's own pcall
+   cannot swallow the stop. */
+static void deadline_hook(lua_State *L, lua_Debug *ar)
+{
+  (void)ar;
+  struct script *s = script_of(L);
+  const char *why = NULL;
+  if (s->deadline > 0 && task_now() > s->deadline)
+    why = s->current ? "task timed out (--task-timeout)" : "script took too long to load";
+  else if (s->current && atomic_load(&s->current->lost))
+    why = "lease lost";
+  else if (atomic_load(s->host->stopping))
+    why = "worker stopping";
+  if (!why)
+    return;
+  s->abort_reason = why;
+  lua_sethook(L, deadline_hook, LUA_MASKCOUNT, 1);
+  luaL_error(L, "%s", why);
+}
+
+/* lua_Alloc with a cap: only growth is refused, never a free or a shrink (ltests.c's
+   debug_realloc is the model). When ptr is NULL, osize is a type tag, not a size. */
+static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+  struct script *s = ud;
+  size_t old = ptr ? osize : 0;
+  if (nsize == 0) {
+    free(ptr);
+    s->mem_used -= old;
+    return NULL;
+  }
+  if (s->mem_limit && nsize > old && s->mem_used + (nsize - old) > s->mem_limit)
+    return NULL;
+  void *p = realloc(ptr, nsize);
+  if (p)
+    s->mem_used = s->mem_used - old + nsize;
+  return p;
+}
+
+static int panic_handler(lua_State *L)
+{
+  const char *msg = lua_tostring(L, -1);
+  log_error("Lua panic (unprotected error): %s", msg ? msg : "?");
+  abort();
+  return 0;
+}
+
+static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
+{
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open %s: %m", path);
+    return NULL;
+  }
+  char *buf = NULL;
+  size_t cap = 0, n = 0, got;
+  do {
+    if (n + 4096 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        snprintf(err, errlen, "out of memory reading %s", path);
+        return NULL;
+      }
+      buf = nb;
+    }
+    got = fread(buf + n, 1, cap - n, f);
+    n += got;
+  } while (got > 0);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    snprintf(err, errlen, "cannot read %s", path);
+    return NULL;
+  }
+  *len = n;
+  return buf;
+}

@@ -1,0 +1,25 @@
+/* task: freeing a task and the clock. See task.h. */
+#include "task.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+void task_free(struct task *t)
+{
+  if (!t)
+    return;
+  free(t->tenant_id);
+  free(t->shard_key);
+  free(t->batch);
+  free(t->payload);
+  free(t->error);
+  free(t->result);
+  free(t);
+}
+
+double task_now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}

@@ -1,0 +1,45 @@
+/*
+ * task: one leased row while this process holds it, from claim to settle. The dispatcher
+ * creates it from a claimed row and frees it after settling; a slot owns it while the script
+ * runs; the lease thread reads id/attempt and may set `lost` at any time (atomic).
+ */
+#ifndef LEASH_TASK_H
+#define LEASH_TASK_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+enum outcome_kind {
+  OUTCOME_DONE,
+  OUTCOME_RETRY,
+  OUTCOME_DEAD,
+};
+
+struct task {
+  int64_t id;
+  int attempt;            /* attempts after our claim: the fencing token with the owner */
+  int max_attempts;
+  char *tenant_id;
+  char *shard_key;
+  char *batch;            /* NULL when the row has none */
+  char *payload;          /* JSON text */
+  double claimed_at;      /* monotonic seconds */
+  double lease_deadline;  /* monotonic: past it, with no renewal, the lease counts as lost */
+  atomic_int lost;        /* set by the lease thread (or drain); never cleared */
+
+  /* Filled by the slot after the script ran. */
+  enum outcome_kind kind;
+  char *error;            /* retry/dead message; malloc'd */
+  double delay;           /* retry delay in seconds, < 0 for the backoff formula */
+  char *result;           /* done: JSON text or NULL; malloc'd */
+  double duration;        /* seconds the script ran */
+
+  struct task *next;      /* intrusive list link, owned by whichever list holds it */
+};
+
+void task_free(struct task *t);
+
+/* Monotonic clock in seconds. */
+double task_now(void);
+
+#endif
