@@ -1,11 +1,225 @@
+/* leash run / leash check: options, then the host (host.c) or a load test of the script. */
 #include "commands.h"
+#include "host.h"
+#include "log.h"
+#include "queue.h"
+#include "script.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char run_usage[] =
+  "usage: leash run SCRIPT.lua [OPTIONS]\n\n"
+  "Claims tasks from the queue table and runs handle(task) from SCRIPT.lua on each, in N\n"
+  "slots (threads), renewing leases while tasks run. SIGTERM/SIGINT drain; SIGHUP reloads\n"
+  "the script between tasks.\n\n"
+  "options:\n"
+  "  --concurrency N       slots in this process (default 10)\n"
+  "  --visibility S        lease length (default 600)\n"
+  "  --heartbeat S         lease renewal interval (default visibility/3)\n"
+  "  --tenant T            claim only tenant T (repeatable)\n"
+  "  --batch B             claim only batch B\n"
+  "  --worker-id ID        lease owner name (default $POD_NAME, else hostname:pid)\n"
+  "  --poll-ms MIN-MAX     idle polling interval with jitter (default 200-500)\n"
+  "  --task-timeout S      stop a task after S (default: none; the lease is renewed)\n"
+  "  --drain-timeout S     on SIGTERM, wait S for running tasks (default 30)\n"
+  "  --until-empty         exit 0 once the scope has no pending or leased task\n"
+  "  --claim-batch N       most rows one claim asks for (default 100)\n"
+  "  --db-pool N           connections shared by leash.db.query (default 2)\n"
+  "  --lua-memory MB       memory cap per slot's Lua state (default 256, 0 = none)\n"
+  "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n";
+
+static const char check_usage[] =
+  "usage: leash check SCRIPT.lua\n\n"
+  "Loads SCRIPT.lua as `leash run` would (sandbox, setup, contract) and reports the first\n"
+  "error; exit 0 when the script is fit to run.\n\n";
+
+enum {
+  OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
+  OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
+  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY,
+};
+
+#define MAX_TENANTS 64
+
+static int parse_duration_opt(struct cli *g, const char *name, const char *arg, double *out,
+                              int positive);
+
 int cmd_run(struct cli *g, int argc, char **argv)
 {
-  (void)argc; (void)argv;
-  return cli_runtime_error(g, "not built yet");
+  static const struct option opts[] = {
+    CLI_GLOBAL_OPTIONS,
+    { "concurrency", required_argument, NULL, OPT_CONCURRENCY },
+    { "visibility", required_argument, NULL, OPT_VISIBILITY },
+    { "heartbeat", required_argument, NULL, OPT_HEARTBEAT },
+    { "tenant", required_argument, NULL, OPT_TENANT },
+    { "batch", required_argument, NULL, OPT_BATCH },
+    { "worker-id", required_argument, NULL, OPT_WORKER_ID },
+    { "poll-ms", required_argument, NULL, OPT_POLL_MS },
+    { "task-timeout", required_argument, NULL, OPT_TASK_TIMEOUT },
+    { "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
+    { "until-empty", no_argument, NULL, OPT_UNTIL_EMPTY },
+    { "claim-batch", required_argument, NULL, OPT_CLAIM_BATCH },
+    { "db-pool", required_argument, NULL, OPT_DB_POOL },
+    { "lua-memory", required_argument, NULL, OPT_LUA_MEMORY },
+    { NULL, 0, NULL, 0 },
+  };
+  struct host_config cfg = {
+    .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30,
+    .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
+    .lua_memory = 256u * 1024 * 1024,
+  };
+  const char *tenants[MAX_TENANTS];
+  int ntenants = 0, opt, done, rc;
+  long n;
+  char worker[300];
+  g->usage = run_usage;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    rc = cli_global_option(g, opt, optarg, &done);
+    if (done)
+      return rc;
+    if (rc == 1)
+      continue;
+    switch (opt) {
+    case OPT_CONCURRENCY:
+      if (cli_parse_int(optarg, 1, 10000, &n) != 0)
+        return cli_usage_error(g, "--concurrency must be an integer from 1 to 10000");
+      cfg.concurrency = (int)n;
+      break;
+    case OPT_CLAIM_BATCH:
+      if (cli_parse_int(optarg, 1, 1000, &n) != 0)
+        return cli_usage_error(g, "--claim-batch must be an integer from 1 to 1000");
+      cfg.claim_batch = (int)n;
+      break;
+    case OPT_DB_POOL:
+      if (cli_parse_int(optarg, 1, 100, &n) != 0)
+        return cli_usage_error(g, "--db-pool must be an integer from 1 to 100");
+      cfg.db_pool = (int)n;
+      break;
+    case OPT_LUA_MEMORY:
+      if (cli_parse_int(optarg, 0, 1L << 20, &n) != 0)
+        return cli_usage_error(g, "--lua-memory must be a number of MB (0 = no cap)");
+      cfg.lua_memory = (size_t)n * 1024 * 1024;
+      break;
+    case OPT_VISIBILITY:
+      if ((rc = parse_duration_opt(g, "--visibility", optarg, &cfg.visibility, 1)) != 0)
+        return rc;
+      break;
+    case OPT_HEARTBEAT:
+      if ((rc = parse_duration_opt(g, "--heartbeat", optarg, &cfg.heartbeat, 1)) != 0)
+        return rc;
+      break;
+    case OPT_TASK_TIMEOUT:
+      if ((rc = parse_duration_opt(g, "--task-timeout", optarg, &cfg.task_timeout, 0)) != 0)
+        return rc;
+      break;
+    case OPT_DRAIN_TIMEOUT:
+      if ((rc = parse_duration_opt(g, "--drain-timeout", optarg, &cfg.drain_timeout, 0)) != 0)
+        return rc;
+      break;
+    case OPT_TENANT:
+      if (ntenants == MAX_TENANTS)
+        return cli_usage_error(g, "at most %d --tenant options", MAX_TENANTS);
+      tenants[ntenants++] = optarg;
+      break;
+    case OPT_BATCH:
+      cfg.scope.batch = optarg;
+      break;
+    case OPT_WORKER_ID:
+      if (*optarg == '\0')
+        return cli_usage_error(g, "--worker-id must not be empty");
+      cfg.worker_id = optarg;
+      break;
+    case OPT_POLL_MS: {
+      int lo, hi, used = 0;
+      if (sscanf(optarg, "%d-%d%n", &lo, &hi, &used) != 2 || optarg[used] != '\0' || lo < 1 ||
+          hi < lo)
+        return cli_usage_error(g, "--poll-ms must be MIN-MAX in milliseconds, e.g. 200-500");
+      cfg.poll_min_ms = lo;
+      cfg.poll_max_ms = hi;
+      break;
+    }
+    case OPT_UNTIL_EMPTY:
+      cfg.until_empty = 1;
+      break;
+    default:
+      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (argc - optind != 1)
+    return cli_usage_error(g, argc == optind ? "missing SCRIPT.lua" : "too many arguments");
+  cfg.script_path = argv[optind];
+  if (cfg.heartbeat == 0)
+    cfg.heartbeat = cfg.visibility / 3;
+  if (cfg.heartbeat >= cfg.visibility)
+    return cli_usage_error(g, "--heartbeat (%g s) must be shorter than --visibility (%g s)",
+                           cfg.heartbeat, cfg.visibility);
+  if (!cfg.worker_id) {
+    const char *pod = getenv("POD_NAME");
+    if (pod && *pod) {
+      cfg.worker_id = pod;
+    } else {
+      char host[256] = "localhost";
+      gethostname(host, sizeof host - 1);
+      snprintf(worker, sizeof worker, "%s:%ld", host, (long)getpid());
+      cfg.worker_id = worker;
+    }
+  }
+  char *tenant_list = NULL;
+  if (ntenants > 0) {
+    tenant_list = queue_array_literal(tenants, ntenants);
+    if (!tenant_list)
+      return cli_runtime_error(g, "out of memory");
+    cfg.scope.tenants = tenant_list;
+  }
+  cfg.conninfo = db_conninfo(g->db);
+  cfg.table = g->table;
+  srand((unsigned)getpid() ^ (unsigned)(task_now() * 1e6));
+  rc = host_run(&cfg);
+  free(tenant_list);
+  return rc;
 }
+
 int cmd_check(struct cli *g, int argc, char **argv)
 {
-  (void)argc; (void)argv;
-  return cli_runtime_error(g, "not built yet");
+  static const struct option opts[] = { CLI_GLOBAL_OPTIONS, { NULL, 0, NULL, 0 } };
+  int opt, done, rc;
+  g->usage = check_usage;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    rc = cli_global_option(g, opt, optarg, &done);
+    if (done)
+      return rc;
+    if (rc != 1)
+      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+  }
+  if (argc - optind != 1)
+    return cli_usage_error(g, argc == optind ? "missing SCRIPT.lua" : "too many arguments");
+  atomic_int stopping;
+  atomic_init(&stopping, 0);
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  struct script_host sh = {
+    .worker_id = "check", .stopping = &stopping, .wake_mu = &mu, .wake_cv = &cv,
+    .memory_limit = 256u * 1024 * 1024,
+  };
+  char err[2048];
+  struct script *s = script_load(argv[optind], &sh, err, sizeof err);
+  if (!s)
+    return cli_runtime_error(g, "%s", err);
+  printf("%s: ok (version %s)\n", argv[optind], script_version(s));
+  script_free(s);
+  return EXIT_OK;
+}
+
+static int parse_duration_opt(struct cli *g, const char *name, const char *arg, double *out,
+                              int positive)
+{
+  if (cli_parse_duration(arg, out) != 0 || (positive && *out <= 0))
+    return cli_usage_error(g, "%s: '%s' is not a duration%s (e.g. 30, 500ms, 5m)", name, arg,
+                           positive ? " above zero" : "");
+  return 0;
 }

@@ -9,6 +9,7 @@
 
 static void notice_to_log(void *arg, const char *message);
 static char *escape_ident(PGconn *c, const char *s, size_t len);
+static void redact_passwords(const char *conninfo, char *msg, size_t msglen);
 
 static _Thread_local char last_sqlstate[6];
 
@@ -46,6 +47,9 @@ PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout
   if (PQstatus(c) != CONNECTION_OK) {
     char one[DB_ERR_MAX];
     db_one_line(PQerrorMessage(c), one, sizeof one);
+    /* libpq quotes a malformed URI whole, or the token it could not decode, in its
+       message: that text may be the password. */
+    redact_passwords(conninfo, one, sizeof one);
     snprintf(err, errlen, "cannot connect to PostgreSQL: %s", one);
     PQfinish(c);
     return NULL;
@@ -220,6 +224,78 @@ static char *escape_ident(PGconn *c, const char *s, size_t len)
   char *copy = strdup(e);
   PQfreemem(e);
   return copy;
+}
+
+/* Replaces every occurrence of secret (n bytes) in msg with "***". */
+static void redact_one(char *msg, size_t msglen, const char *secret, size_t n)
+{
+  static const char mask[] = "***";
+  if (n == 0)
+    return;
+  char out[DB_ERR_MAX];
+  size_t j = 0;
+  for (const char *p = msg; *p && j + 1 < sizeof out;) {
+    if (strncmp(p, secret, n) == 0) {
+      for (const char *m = mask; *m && j + 1 < sizeof out; m++)
+        out[j++] = *m;
+      p += n;
+    } else {
+      out[j++] = *p++;
+    }
+  }
+  out[j] = '\0';
+  snprintf(msg, msglen, "%s", out);
+}
+
+/* Masks in msg whatever in conninfo may be a password: the parsed "password" value, the
+   raw text after "password=" (key=value string or URI query), and the raw password of a
+   URI's user:password@ part, whether or not the string as a whole parses. */
+static void redact_passwords(const char *conninfo, char *msg, size_t msglen)
+{
+  if (!conninfo)
+    return;
+  char *perr = NULL;
+  PQconninfoOption *opts = PQconninfoParse(conninfo, &perr);
+  if (opts) {
+    for (PQconninfoOption *o = opts; o->keyword; o++)
+      if (strcmp(o->keyword, "password") == 0 && o->val)
+        redact_one(msg, msglen, o->val, strlen(o->val));
+    PQconninfoFree(opts);
+  }
+  PQfreemem(perr);
+  /* URI: scheme://user:password@host..., '@' found before any '/' (libpq's own rule). */
+  const char *scheme = strstr(conninfo, "://");
+  if (scheme && (strncmp(conninfo, "postgresql://", 13) == 0 ||
+                 strncmp(conninfo, "postgres://", 11) == 0)) {
+    const char *user = scheme + 3, *at = user;
+    while (*at && *at != '@' && *at != '/')
+      at++;
+    if (*at == '@') {
+      const char *colon = memchr(user, ':', (size_t)(at - user));
+      if (colon)
+        redact_one(msg, msglen, colon + 1, (size_t)(at - colon - 1));
+    }
+  }
+  /* password=VALUE anywhere: a key=value pair (maybe 'quoted') or a URI query parameter. */
+  for (const char *p = strstr(conninfo, "password"); p; p = strstr(p + 1, "password")) {
+    const char *v = p + 8;
+    while (*v == ' ' || *v == '\t')
+      v++;
+    if (*v++ != '=')
+      continue;
+    while (*v == ' ' || *v == '\t')
+      v++;
+    const char *end = v;
+    if (*v == '\'') {
+      end = ++v;
+      while (*end && *end != '\'')
+        end += end[0] == '\\' && end[1] ? 2 : 1;
+    } else {
+      while (*end && *end != ' ' && *end != '\t' && *end != '&')
+        end++;
+    }
+    redact_one(msg, msglen, v, (size_t)(end - v));
+  }
 }
 
 static void notice_to_log(void *arg, const char *message)

@@ -99,8 +99,20 @@ void log_vfields(enum log_level lvl, const struct log_field *fields, const char 
     return;
   }
 
-  char line[8192];
-  int n = snprintf(line, sizeof line, "%s %-5s %s", ts, level_names[lvl], msg);
+  /* One event, one line: a traceback's newlines are written as \n. */
+  char flat[sizeof msg * 2];
+  size_t k = 0;
+  for (const char *p = msg; *p && k + 2 < sizeof flat; p++) {
+    if (*p == '\n') {
+      flat[k++] = '\\';
+      flat[k++] = 'n';
+    } else if (*p != '\r') {
+      flat[k++] = *p == '\t' ? ' ' : *p;
+    }
+  }
+  flat[k] = '\0';
+  char line[12288];
+  int n = snprintf(line, sizeof line, "%s %-5s %s", ts, level_names[lvl], flat);
   for (const struct log_field *f = fields; f && f->key && n < (int)sizeof line; f++)
     if (f->value)
       n += snprintf(line + n, sizeof line - (size_t)n, " %s=%s", f->key, f->value);

@@ -278,6 +278,23 @@ char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t er
   return out;
 }
 
+char *queue_array_literal(const char *const *values, int n)
+{
+  struct text b = { 0 };
+  text_add(&b, "{", 1);
+  for (int i = 0; i < n; i++) {
+    if (i)
+      text_add(&b, ",", 1);
+    text_add_quoted(&b, values[i]);
+  }
+  text_add(&b, "}", 1);
+  if (b.oom) {
+    free(b.s);
+    return NULL;
+  }
+  return b.s;
+}
+
 static struct task *task_from_row(PGresult *r, int i, double now, double visibility)
 {
   struct task *t = calloc(1, sizeof *t);

@@ -51,6 +51,9 @@ int queue_release(struct queue *q, PGconn *c, const int64_t *ids, const int *att
 int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, char *err,
                      size_t errlen);
 
+/* A text[] literal ({"a","b"}) of n strings, escaped; malloc'd, NULL when out of memory. */
+char *queue_array_literal(const char *const *values, int n);
+
 /* The LISTEN channel: "leash_<table oid>" (the trigger's name for it), quoted. malloc'd. */
 char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 

@@ -298,13 +298,13 @@ static int load_protected(lua_State *L)
   const char *text = lua_touserdata(L, 1);
   size_t len = (size_t)lua_tointeger(L, 2);
   const char *path = lua_tostring(L, 3);
-  luaL_requiref(L, LUA_GNAME, luaopen_base, 0);
-  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 0);
-  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 0);
-  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 0);
-  luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 0);
-  luaL_requiref(L, LUA_COLIBNAME, luaopen_coroutine, 0);
-  luaL_requiref(L, LUA_OSLIBNAME, luaopen_os, 0);
+  luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
+  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
+  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
+  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
+  luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
+  luaL_requiref(L, LUA_COLIBNAME, luaopen_coroutine, 1);
+  luaL_requiref(L, LUA_OSLIBNAME, luaopen_os, 1);
   lua_settop(L, 3);
   build_env(L);
 

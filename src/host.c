@@ -1,0 +1,625 @@
+/* host: the dispatcher, the slots and the signal thread. See host.h. */
+#include "host.h"
+
+#include "dbpool.h"
+#include "host_internal.h"
+#include "lease.h"
+#include "log.h"
+#include "migrate.h"
+#include "script.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CLAIM_TIMEOUT_MS 5000
+#define RECONNECT_MAX_S 5.0
+#define SLOT_STACK (512 * 1024)
+
+struct slot {
+  struct host *h;
+  struct dispatcher *d;
+  int index;
+  pthread_t thread;
+  pthread_cond_t cv;            /* a task was handed over, or quit */
+  struct task *task;            /* guarded by h->mu */
+  struct script *script;        /* owned by the slot's thread */
+  unsigned generation;          /* script generation loaded */
+};
+
+/* Dispatcher-side state (the calling thread), plus what slots hand back under h->mu. */
+struct dispatcher {
+  struct host *h;
+  struct slot *slots;
+  struct slot **idle;
+  int nidle;
+  struct task *done, **done_tail;   /* finished, waiting to be settled */
+  int quit;                         /* slots exit */
+  unsigned generation;              /* bumped by SIGHUP */
+  int signals;                      /* SIGTERM/SIGINT seen */
+  PGconn *conn;
+  struct queue *q;
+  double backoff;
+  long claimed, done_count, retried, dead, lost, late;
+};
+
+static void *slot_main(void *arg);
+static void *signal_main(void *arg);
+static int dispatch(struct dispatcher *d);
+static int ensure_connection(struct dispatcher *d);
+static void connection_failed(struct dispatcher *d, const char *what, const char *err);
+static void settle(struct dispatcher *d, struct task *list);
+static void settle_one_by_one(struct dispatcher *d, struct task *list);
+static void finish_task(struct dispatcher *d, struct task *t, int applied);
+static int claim(struct dispatcher *d, int n);
+static void held_add(struct host *h, struct task *t);
+static void held_remove(struct host *h, struct task *t);
+static void release_running(struct dispatcher *d);
+static double jitter_poll(const struct host_config *cfg);
+static void log_task(enum log_level lvl, const struct host *h, const struct task *t,
+                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* The signal thread reaches the dispatcher through this; set once before it starts. */
+static struct dispatcher *signal_target;
+
+int host_run(const struct host_config *cfg)
+{
+  struct host h = { .cfg = cfg };
+  struct dispatcher d = { .h = &h, .backoff = 0.1 };
+  struct lease *lease = NULL;
+  pthread_t sig_thread;
+  int sig_started = 0, rc = 1, started = 0;
+  char err[DB_ERR_MAX];
+  pthread_condattr_t ca;
+  sigset_t set;
+
+  pthread_mutex_init(&h.mu, NULL);
+  pthread_cond_init(&h.cv, NULL);
+  pthread_mutex_init(&h.wake_mu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&h.wake_cv, &ca);
+  atomic_init(&h.stopping, 0);
+  d.done_tail = &d.done;
+  h.sh = (struct script_host){
+    .worker_id = cfg->worker_id, .stopping = &h.stopping, .wake_mu = &h.wake_mu,
+    .wake_cv = &h.wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
+  };
+
+  /* Fail fast: a script that does not load, or a table not migrated, stops us at start. */
+  struct script *probe = script_load(cfg->script_path, &h.sh, err, sizeof err);
+  if (!probe) {
+    log_error("cannot load %s: %s", cfg->script_path, err);
+    goto out;
+  }
+  log_info("loaded %s version %s", cfg->script_path, script_version(probe));
+  script_free(probe);
+  d.conn = db_connect(cfg->conninfo, "claim", CLAIM_TIMEOUT_MS, err, sizeof err);
+  if (!d.conn) {
+    log_error("%s", err);
+    goto out;
+  }
+  if (db_table_init(&h.table, d.conn, cfg->table, err, sizeof err) != 0 ||
+      migrate_check(d.conn, &h.table, err, sizeof err) != 0) {
+    log_error("%s", err);
+    goto out;
+  }
+  d.q = queue_new(d.conn, &h.table, cfg->worker_id, cfg->visibility);
+  h.sh.pool = dbpool_new(cfg->conninfo, cfg->db_pool, 0);
+  d.slots = calloc((size_t)cfg->concurrency, sizeof *d.slots);
+  d.idle = calloc((size_t)cfg->concurrency, sizeof *d.idle);
+  if (!d.q || !h.sh.pool || !d.slots || !d.idle) {
+    log_error("out of memory starting the host");
+    goto out;
+  }
+
+  /* Signals go to one thread that only sets flags; every other thread blocks them. */
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  signal_target = &d;
+  if (pthread_create(&sig_thread, NULL, signal_main, NULL) == 0)
+    sig_started = 1;
+
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, SLOT_STACK);
+  for (; started < cfg->concurrency; started++) {
+    struct slot *s = &d.slots[started];
+    s->h = &h;
+    s->d = &d;
+    s->index = started;
+    pthread_cond_init(&s->cv, NULL);
+    s->script = script_load(cfg->script_path, &h.sh, err, sizeof err);
+    if (!s->script || pthread_create(&s->thread, &attr, slot_main, s) != 0) {
+      log_error("cannot start slot %d: %s", started, s->script ? "thread" : err);
+      script_free(s->script);
+      pthread_cond_destroy(&s->cv);
+      break;
+    }
+    d.idle[d.nidle++] = s;
+  }
+  pthread_attr_destroy(&attr);
+  if (started == cfg->concurrency) {
+    lease = lease_start(&h);
+    if (lease) {
+      log_info("worker %s running %d slot%s on %s", cfg->worker_id, cfg->concurrency,
+               cfg->concurrency == 1 ? "" : "s", cfg->table);
+      rc = dispatch(&d);
+    }
+  }
+
+  /* Shut down: slots first (they may still be finishing aborted tasks), then the rest. */
+  pthread_mutex_lock(&h.mu);
+  d.quit = 1;
+  for (int i = 0; i < started; i++)
+    pthread_cond_signal(&d.slots[i].cv);
+  pthread_mutex_unlock(&h.mu);
+  for (int i = 0; i < started; i++) {
+    pthread_join(d.slots[i].thread, NULL);
+    script_free(d.slots[i].script);
+    pthread_cond_destroy(&d.slots[i].cv);
+  }
+  lease_stop(lease);
+  log_info("worker %s stopped: %ld claimed, %ld done, %ld retried, %ld dead, %ld lost, "
+           "%ld late outcomes rejected", cfg->worker_id, d.claimed, d.done_count, d.retried,
+           d.dead, d.lost, d.late);
+out:
+  if (sig_started) {
+    pthread_kill(sig_thread, SIGUSR1);
+    pthread_join(sig_thread, NULL);
+  }
+  while (d.done) {
+    struct task *t = d.done;
+    d.done = t->next;
+    task_free(t);
+  }
+  free(h.held);
+  free(d.slots);
+  free(d.idle);
+  queue_free(d.q);
+  dbpool_free(h.sh.pool);
+  PQfinish(d.conn);
+  db_table_free(&h.table);
+  pthread_mutex_destroy(&h.mu);
+  pthread_cond_destroy(&h.cv);
+  pthread_mutex_destroy(&h.wake_mu);
+  pthread_cond_destroy(&h.wake_cv);
+  pthread_condattr_destroy(&ca);
+  return rc;
+}
+
+void host_lose_lease(struct host *h, struct task *t, const char *why)
+{
+  if (atomic_exchange(&t->lost, 1))
+    return;
+  log_task(LOG_WARN, h, t, "lease lost: %s; the outcome will be discarded", why);
+  pthread_mutex_lock(&h->wake_mu);
+  pthread_cond_broadcast(&h->wake_cv);
+  pthread_mutex_unlock(&h->wake_mu);
+}
+
+void host_wake(struct host *h)
+{
+  pthread_mutex_lock(&h->mu);
+  h->wake = 1;
+  pthread_cond_signal(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* The dispatcher loop: settle what finished, claim for idle slots, else wait for a slot,
+   a notification or the next poll. Returns the exit code. */
+static int dispatch(struct dispatcher *d)
+{
+  struct host *h = d->h;
+  const struct host_config *cfg = h->cfg;
+  double next_poll = 0, drain_deadline = 0, next_empty_check = 0;
+  int more = 1;   /* the last claim was full: more work is likely waiting */
+  int released = 0;
+
+  for (;;) {
+    pthread_mutex_lock(&h->mu);
+    struct task *finished = d->done;
+    d->done = NULL;
+    d->done_tail = &d->done;
+    int idle = d->nidle, woken = h->wake, draining = h->draining, nheld = h->nheld;
+    h->wake = 0;
+    pthread_mutex_unlock(&h->mu);
+
+    double now = task_now();
+    if (finished) {
+      settle(d, finished);
+      more = 1;   /* a settled shard may free a waiting task */
+      continue;
+    }
+    if (draining) {
+      if (drain_deadline == 0) {
+        drain_deadline = now + cfg->drain_timeout;
+        log_info("draining: %d task%s running, up to %.0f s", nheld, nheld == 1 ? "" : "s",
+                 cfg->drain_timeout);
+      }
+      if (nheld == 0)
+        return 0;
+      if (now >= drain_deadline && !released) {
+        release_running(d);
+        released = 1;
+        continue;
+      }
+    } else if (idle > 0 && (more || woken || now >= next_poll)) {
+      int want = idle < cfg->claim_batch ? idle : cfg->claim_batch;
+      int got = claim(d, want);
+      if (got > 0) {
+        more = got == want;
+        continue;
+      }
+      more = 0;
+      next_poll = now + jitter_poll(cfg);
+      if (got == 0 && cfg->until_empty && nheld == 0 && now >= next_empty_check) {
+        char err[DB_ERR_MAX];
+        int open = queue_scope_open(d->q, d->conn, &cfg->scope, err, sizeof err);
+        if (open == 0) {
+          log_info("queue empty for this scope: exiting (--until-empty)");
+          return 0;
+        }
+        if (open < 0)
+          connection_failed(d, "until-empty check", err);
+        next_empty_check = now + (double)cfg->poll_min_ms / 1000.0;
+      }
+    }
+
+    /* Nothing to do right now: wait for a slot to finish, a wake-up or the next deadline. */
+    double until = next_poll;
+    if (draining)
+      until = released ? now + 0.1 : drain_deadline;
+    pthread_mutex_lock(&h->mu);
+    if (!d->done && !h->wake && h->draining == draining && (d->nidle == idle || draining)) {
+      struct timespec ts;
+      double wait = until - task_now();
+      if (wait > 0) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double whole = floor(wait);
+        ts.tv_sec += (time_t)whole;
+        ts.tv_nsec += (long)((wait - whole) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+          ts.tv_sec++;
+          ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+      }
+    }
+    pthread_mutex_unlock(&h->mu);
+  }
+}
+
+/* 1 when the claim connection is usable; else reconnects, waiting with capped backoff. */
+static int ensure_connection(struct dispatcher *d)
+{
+  if (d->conn && PQstatus(d->conn) == CONNECTION_OK)
+    return 1;
+  PQfinish(d->conn);
+  char err[DB_ERR_MAX];
+  d->conn = db_connect(d->h->cfg->conninfo, "claim", CLAIM_TIMEOUT_MS, err, sizeof err);
+  if (d->conn) {
+    log_info("claim connection re-established");
+    d->backoff = 0.1;
+    return 1;
+  }
+  double wait = d->backoff * (0.5 + (double)(rand() % 1000) / 1000.0);
+  log_warn("claim connection: %s; retrying in %.1f s", err, wait);
+  usleep((useconds_t)(wait * 1e6));
+  d->backoff = d->backoff * 2 > RECONNECT_MAX_S ? RECONNECT_MAX_S : d->backoff * 2;
+  return 0;
+}
+
+static void connection_failed(struct dispatcher *d, const char *what, const char *err)
+{
+  log_warn("%s failed: %s", what, err);
+  if (PQstatus(d->conn) != CONNECTION_OK)
+    ensure_connection(d);
+}
+
+static int claim(struct dispatcher *d, int n)
+{
+  struct host *h = d->h;
+  struct task *list = NULL;
+  char err[DB_ERR_MAX];
+  if (!ensure_connection(d))
+    return -1;
+  int got = queue_claim(d->q, d->conn, &h->cfg->scope, n, &list, err, sizeof err);
+  if (got < 0) {
+    connection_failed(d, "claim", err);
+    return -1;
+  }
+  d->claimed += got;
+  pthread_mutex_lock(&h->mu);
+  while (list) {
+    struct task *t = list;
+    list = t->next;
+    t->next = NULL;
+    held_add(h, t);
+    struct slot *s = d->idle[--d->nidle];
+    s->task = t;
+    pthread_cond_signal(&s->cv);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return got;
+}
+
+/* Writes the outcomes of finished tasks in one statement. A task whose lease was lost is
+   not written (its outcome is discarded); the fence rejects any other late one. */
+static void settle(struct dispatcher *d, struct task *list)
+{
+  struct task *keep = NULL, **tail = &keep;
+  int n = 0;
+  double now = task_now();
+  while (list) {
+    struct task *t = list;
+    list = t->next;
+    t->next = NULL;
+    if (now >= t->lease_deadline) {
+      pthread_mutex_lock(&d->h->mu);
+      host_lose_lease(d->h, t, "lease ran out before the outcome could be written");
+      pthread_mutex_unlock(&d->h->mu);
+    }
+    if (atomic_load(&t->lost)) {
+      d->lost++;
+      finish_task(d, t, -1);
+      continue;
+    }
+    *tail = t;
+    tail = &t->next;
+    n++;
+  }
+  if (n == 0)
+    return;
+  char *applied = malloc((size_t)n);
+  char err[DB_ERR_MAX];
+  for (;;) {
+    if (!applied || !ensure_connection(d))
+      break;
+    if (queue_settle(d->q, d->conn, keep, n, applied, err, sizeof err) == 0) {
+      int i = 0;
+      while (keep) {
+        struct task *t = keep;
+        keep = t->next;
+        finish_task(d, t, applied[i++]);
+      }
+      free(applied);
+      return;
+    }
+    if (PQstatus(d->conn) == CONNECTION_OK) {
+      /* The statement itself failed (a result jsonb refused, say): find the one. */
+      log_warn("settle of %d task%s failed: %s; settling one by one", n, n == 1 ? "" : "s", err);
+      settle_one_by_one(d, keep);
+      free(applied);
+      return;
+    }
+    connection_failed(d, "settle", err);
+    if (atomic_load(&d->h->stopping))
+      break;
+  }
+  /* Could not write (no memory, or stopping with the database away): leases expire and
+     the tasks run again elsewhere. */
+  free(applied);
+  while (keep) {
+    struct task *t = keep;
+    keep = t->next;
+    log_task(LOG_WARN, d->h, t, "outcome not written; the task will run again after its lease expires");
+    finish_task(d, t, -1);
+  }
+}
+
+static void settle_one_by_one(struct dispatcher *d, struct task *list)
+{
+  char err[DB_ERR_MAX];
+  while (list) {
+    struct task *t = list;
+    list = t->next;
+    t->next = NULL;
+    char applied = 0;
+    if (queue_settle(d->q, d->conn, t, 1, &applied, err, sizeof err) != 0 && t->result) {
+      /* A result PostgreSQL cannot store (jsonb refuses \u0000) fails the attempt. */
+      t->kind = OUTCOME_RETRY;
+      free(t->error);
+      size_t len = strlen(err) + 64;
+      t->error = malloc(len);
+      if (t->error)
+        snprintf(t->error, len, "result cannot be stored: %s", err);
+      free(t->result);
+      t->result = NULL;
+      if (queue_settle(d->q, d->conn, t, 1, &applied, err, sizeof err) != 0) {
+        log_task(LOG_ERROR, d->h, t, "cannot settle: %s", err);
+        finish_task(d, t, -1);
+        continue;
+      }
+    }
+    finish_task(d, t, applied);
+  }
+}
+
+/* applied: 1 written, 0 rejected by the fence (late), -1 not written (lost / failed). */
+static void finish_task(struct dispatcher *d, struct task *t, int applied)
+{
+  static const char *const kinds[] = { "done", "retry", "dead" };
+  if (applied == 1) {
+    if (t->kind == OUTCOME_DONE)
+      d->done_count++;
+    else if (t->kind == OUTCOME_RETRY)
+      d->retried++;
+    else
+      d->dead++;
+    if (t->kind == OUTCOME_DONE)
+      log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
+    else
+      log_task(LOG_INFO, d->h, t, "%s: %s", kinds[t->kind], t->error ? t->error : "");
+  } else if (applied == 0) {
+    d->late++;
+    log_task(LOG_WARN, d->h, t, "late outcome rejected (%s): the lease was no longer ours",
+             kinds[t->kind]);
+  }
+  pthread_mutex_lock(&d->h->mu);
+  held_remove(d->h, t);
+  pthread_mutex_unlock(&d->h->mu);
+  task_free(t);
+}
+
+/* Drain deadline: tasks still running are stopped and their leases go back to pending now,
+   not after they expire. Their outcome is discarded when they come back. */
+static void release_running(struct dispatcher *d)
+{
+  struct host *h = d->h;
+  int64_t *ids = NULL;
+  int *atts = NULL, n = 0;
+  pthread_mutex_lock(&h->mu);
+  if (h->nheld > 0) {
+    ids = malloc((size_t)h->nheld * sizeof *ids);
+    atts = malloc((size_t)h->nheld * sizeof *atts);
+  }
+  for (int i = 0; ids && atts && i < h->nheld; i++) {
+    struct task *t = h->held[i];
+    if (atomic_load(&t->lost))
+      continue;
+    atomic_store(&t->lost, 1);   /* no log line per task: the release below says it */
+    ids[n] = t->id;
+    atts[n] = t->attempt;
+    n++;
+  }
+  pthread_mutex_unlock(&h->mu);
+  atomic_store(&h->stopping, 1);
+  pthread_mutex_lock(&h->wake_mu);
+  pthread_cond_broadcast(&h->wake_cv);
+  pthread_mutex_unlock(&h->wake_mu);
+  if (n > 0 && ensure_connection(d)) {
+    char err[DB_ERR_MAX];
+    int r = queue_release(d->q, d->conn, ids, atts, n, err, sizeof err);
+    if (r < 0)
+      log_warn("drain: releasing %d lease%s failed (%s); they expire instead", n,
+               n == 1 ? "" : "s", err);
+    else
+      log_info("drain timeout: %d lease%s given back to pending", r, r == 1 ? "" : "s");
+  }
+  free(ids);
+  free(atts);
+}
+
+static void *slot_main(void *arg)
+{
+  struct slot *s = arg;
+  struct host *h = s->h;
+  struct dispatcher *d = s->d;
+  char err[DB_ERR_MAX];
+  for (;;) {
+    pthread_mutex_lock(&h->mu);
+    while (!s->task && !d->quit)
+      pthread_cond_wait(&s->cv, &h->mu);
+    struct task *t = s->task;
+    unsigned generation = d->generation;
+    pthread_mutex_unlock(&h->mu);
+    if (!t)
+      break;
+    /* Between tasks: a hot swap, or a fresh state after an out-of-memory error. */
+    if (generation != s->generation || script_broken(s->script)) {
+      struct script *fresh = script_load(h->cfg->script_path, &h->sh, err, sizeof err);
+      if (fresh) {
+        if (strcmp(script_version(fresh), script_version(s->script)) != 0)
+          log_info("slot %d now runs version %s", s->index, script_version(fresh));
+        script_free(s->script);
+        s->script = fresh;
+      } else if (s->index == 0) {
+        log_error("reload refused, keeping version %s: %s", script_version(s->script), err);
+      }
+      s->generation = generation;
+    }
+    script_run(s->script, t);
+    pthread_mutex_lock(&h->mu);
+    s->task = NULL;
+    *d->done_tail = t;
+    d->done_tail = &t->next;
+    d->idle[d->nidle++] = s;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+  }
+  return NULL;
+}
+
+static void *signal_main(void *arg)
+{
+  (void)arg;
+  struct dispatcher *d = signal_target;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGUSR1);
+  for (;;) {
+    int sig;
+    if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
+      return NULL;
+    pthread_mutex_lock(&d->h->mu);
+    if (sig == SIGHUP) {
+      d->generation++;
+      log_info("SIGHUP: slots load the script again between tasks");
+    } else if (++d->signals == 1) {
+      d->h->draining = 1;
+      log_info("%s: draining (a second signal stops at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    } else {
+      log_warn("second signal: stopping at once; held leases will expire");
+      _exit(1);
+    }
+    pthread_cond_signal(&d->h->cv);
+    pthread_mutex_unlock(&d->h->mu);
+  }
+}
+
+static void held_add(struct host *h, struct task *t)
+{
+  if (h->nheld == h->capheld) {
+    int cap = h->capheld ? h->capheld * 2 : 64;
+    struct task **nh = realloc(h->held, (size_t)cap * sizeof *nh);
+    if (!nh)
+      abort();   /* cannot track a lease we hold: better to die and let it expire */
+    h->held = nh;
+    h->capheld = cap;
+  }
+  h->held[h->nheld++] = t;
+}
+
+static void held_remove(struct host *h, struct task *t)
+{
+  for (int i = 0; i < h->nheld; i++)
+    if (h->held[i] == t) {
+      h->held[i] = h->held[--h->nheld];
+      return;
+    }
+}
+
+static double jitter_poll(const struct host_config *cfg)
+{
+  int span = cfg->poll_max_ms - cfg->poll_min_ms;
+  int ms = cfg->poll_min_ms + (span > 0 ? rand() % (span + 1) : 0);
+  return ms / 1000.0;
+}
+
+static void log_task(enum log_level lvl, const struct host *h, const struct task *t,
+                     const char *fmt, ...)
+{
+  char id[32], attempt[16];
+  snprintf(id, sizeof id, "%lld", (long long)t->id);
+  snprintf(attempt, sizeof attempt, "%d", t->attempt);
+  struct log_field f[] = {
+    { "task_id", id }, { "tenant", t->tenant_id }, { "attempt", attempt },
+    { "worker", h->cfg->worker_id }, { NULL, NULL },
+  };
+  va_list ap;
+  va_start(ap, fmt);
+  log_vfields(lvl, f, fmt, ap);
+  va_end(ap);
+}

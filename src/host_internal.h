@@ -1,0 +1,37 @@
+/*
+ * host_internal: the state the dispatcher (host.c) shares with the lease thread (lease.c).
+ * Everything below `mu` is guarded by it.
+ */
+#ifndef LEASH_HOST_INTERNAL_H
+#define LEASH_HOST_INTERNAL_H
+
+#include "host.h"
+#include "script.h"
+#include "task.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+struct host {
+  const struct host_config *cfg;
+  struct db_table table;
+  struct script_host sh;
+  atomic_int stopping;          /* tasks must stop now (drain deadline, second signal) */
+  pthread_mutex_t wake_mu;      /* leash.sleep waits on wake_cv */
+  pthread_cond_t wake_cv;
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;            /* the dispatcher waits here */
+  struct task **held;           /* every lease this process holds, running or unsettled */
+  int nheld, capheld;
+  int wake;                     /* a NOTIFY or reap made work runnable */
+  int draining;                 /* no more claims */
+};
+
+/* Marks t's lease lost (once), logs why, and wakes sleeping scripts. Call with mu held. */
+void host_lose_lease(struct host *h, struct task *t, const char *why);
+
+/* Wakes the dispatcher (a notification arrived). */
+void host_wake(struct host *h);
+
+#endif

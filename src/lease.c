@@ -1,0 +1,246 @@
+/* lease: heartbeat, reaper and LISTEN on one connection. See lease.h. */
+#include "lease.h"
+
+#include "host_internal.h"
+#include "log.h"
+#include "queue.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define HEARTBEAT_TIMEOUT_MS 3000
+#define REAP_EVERY_S 1.0
+#define RECONNECT_MIN_S 0.1
+#define RECONNECT_MAX_S 5.0
+
+struct lease {
+  struct host *h;
+  pthread_t thread;
+  int pipe_fd[2];               /* written by lease_stop to interrupt poll() */
+  PGconn *conn;
+  struct queue *q;
+  double next_connect, backoff;
+};
+
+static void *lease_main(void *arg);
+static int ensure_connection(struct lease *l);
+static void drop_connection(struct lease *l, const char *why);
+static void heartbeat(struct lease *l);
+static void expire_locally(struct host *h);
+static void reap(struct lease *l);
+static void read_notifications(struct lease *l);
+
+struct lease *lease_start(struct host *h)
+{
+  struct lease *l = calloc(1, sizeof *l);
+  if (!l)
+    return NULL;
+  l->h = h;
+  l->backoff = RECONNECT_MIN_S;
+  if (pipe(l->pipe_fd) != 0) {
+    log_error("lease thread: pipe: %m");
+    free(l);
+    return NULL;
+  }
+  fcntl(l->pipe_fd[0], F_SETFL, O_NONBLOCK);
+  if (pthread_create(&l->thread, NULL, lease_main, l) != 0) {
+    log_error("cannot start the lease thread");
+    close(l->pipe_fd[0]);
+    close(l->pipe_fd[1]);
+    free(l);
+    return NULL;
+  }
+  return l;
+}
+
+void lease_stop(struct lease *l)
+{
+  if (!l)
+    return;
+  ssize_t w = write(l->pipe_fd[1], "x", 1);
+  (void)w;
+  pthread_join(l->thread, NULL);
+  close(l->pipe_fd[0]);
+  close(l->pipe_fd[1]);
+  queue_free(l->q);
+  PQfinish(l->conn);
+  free(l);
+}
+
+static void *lease_main(void *arg)
+{
+  struct lease *l = arg;
+  struct host *h = l->h;
+  double now = task_now();
+  double next_beat = now + h->cfg->heartbeat, next_reap = now;
+  for (;;) {
+    now = task_now();
+    int connected = ensure_connection(l);
+    double until = next_beat < next_reap ? next_beat : next_reap;
+    if (!connected && l->next_connect < until)
+      until = l->next_connect;
+    int wait_ms = until > now ? (int)((until - now) * 1000) + 1 : 0;
+    struct pollfd fds[2] = { { l->pipe_fd[0], POLLIN, 0 }, { -1, POLLIN, 0 } };
+    if (connected)
+      fds[1].fd = PQsocket(l->conn);
+    int rc = poll(fds, 2, wait_ms);
+    if (rc < 0 && errno != EINTR)
+      log_warn("lease thread: poll: %m");
+    if (fds[0].revents & POLLIN)
+      break;
+    if (connected && (fds[1].revents & (POLLIN | POLLERR | POLLHUP)))
+      read_notifications(l);
+    now = task_now();
+    if (now >= next_beat) {
+      next_beat = now + h->cfg->heartbeat;
+      heartbeat(l);
+    }
+    if (now >= next_reap) {
+      next_reap = now + REAP_EVERY_S;
+      reap(l);
+    }
+  }
+  return NULL;
+}
+
+/* 1 when connected (LISTENing), 0 while waiting to retry with capped backoff. */
+static int ensure_connection(struct lease *l)
+{
+  if (l->conn)
+    return 1;
+  double now = task_now();
+  if (now < l->next_connect)
+    return 0;
+  char err[DB_ERR_MAX];
+  char *listen = NULL;
+  l->conn = db_connect(l->h->cfg->conninfo, "lease", HEARTBEAT_TIMEOUT_MS, err, sizeof err);
+  if (l->conn && !l->q)
+    l->q = queue_new(l->conn, &l->h->table, l->h->cfg->worker_id, l->h->cfg->visibility);
+  if (l->conn && l->q && (listen = queue_listen_sql(l->conn, &l->h->table, err, sizeof err)) &&
+      db_command(l->conn, listen, err, sizeof err) == 0) {
+    free(listen);
+    l->backoff = RECONNECT_MIN_S;
+    /* Rows may have arrived while we were away: let the dispatcher look. */
+    host_wake(l->h);
+    return 1;
+  }
+  free(listen);
+  if (l->conn)
+    PQfinish(l->conn);
+  l->conn = NULL;
+  log_warn("lease thread: %s; retrying in %.1f s", err, l->backoff);
+  /* Jitter keeps a fleet that lost its database from reconnecting in lockstep. */
+  l->next_connect = now + l->backoff * (0.5 + (double)(rand() % 1000) / 1000.0);
+  l->backoff = l->backoff * 2 > RECONNECT_MAX_S ? RECONNECT_MAX_S : l->backoff * 2;
+  return 0;
+}
+
+static void drop_connection(struct lease *l, const char *why)
+{
+  log_warn("lease thread: %s", why);
+  if (PQstatus(l->conn) == CONNECTION_BAD) {
+    PQfinish(l->conn);
+    l->conn = NULL;
+    l->next_connect = task_now();
+  }
+}
+
+/* One statement for every lease held. A row missing from the answer was taken from us
+   (expired and reaped, or requeued by hand): that task's lease is lost. */
+static void heartbeat(struct lease *l)
+{
+  struct host *h = l->h;
+  int64_t *ids = NULL;
+  int *attempts = NULL;
+  char *renewed = NULL;
+  int n;
+
+  pthread_mutex_lock(&h->mu);
+  n = h->nheld;
+  if (n > 0) {
+    ids = malloc((size_t)n * sizeof *ids);
+    attempts = malloc((size_t)n * sizeof *attempts);
+    renewed = malloc((size_t)n);
+    if (ids && attempts && renewed)
+      for (int i = 0; i < n; i++) {
+        ids[i] = h->held[i]->id;
+        attempts[i] = h->held[i]->attempt;
+      }
+  }
+  pthread_mutex_unlock(&h->mu);
+
+  if (n > 0 && ids && attempts && renewed && l->conn) {
+    char err[DB_ERR_MAX];
+    double sent = task_now();
+    if (queue_heartbeat(l->q, l->conn, ids, attempts, n, renewed, err, sizeof err) == 0) {
+      pthread_mutex_lock(&h->mu);
+      for (int i = 0; i < h->nheld; i++) {
+        struct task *t = h->held[i];
+        for (int j = 0; j < n; j++) {
+          if (ids[j] != t->id || attempts[j] != t->attempt)
+            continue;
+          if (renewed[j])
+            t->lease_deadline = sent + h->cfg->visibility;
+          else
+            host_lose_lease(h, t, "heartbeat found the row no longer leased to this worker");
+        }
+      }
+      pthread_mutex_unlock(&h->mu);
+    } else {
+      drop_connection(l, err);
+    }
+  }
+  free(ids);
+  free(attempts);
+  free(renewed);
+  expire_locally(h);
+}
+
+/* Without a renewal in time (database unreachable, or this process was frozen), another
+   worker may already hold the task: stop its side effects before that can matter. */
+static void expire_locally(struct host *h)
+{
+  double now = task_now();
+  pthread_mutex_lock(&h->mu);
+  for (int i = 0; i < h->nheld; i++)
+    if (now >= h->held[i]->lease_deadline)
+      host_lose_lease(h, h->held[i], "lease ran out before a renewal succeeded");
+  pthread_mutex_unlock(&h->mu);
+}
+
+static void reap(struct lease *l)
+{
+  if (!l->conn)
+    return;
+  char err[DB_ERR_MAX];
+  int n = queue_reap(l->q, l->conn, err, sizeof err);
+  if (n < 0)
+    drop_connection(l, err);
+  else if (n > 0) {
+    log_info("reaped %d expired lease%s", n, n == 1 ? "" : "s");
+    host_wake(l->h);
+  }
+}
+
+static void read_notifications(struct lease *l)
+{
+  if (!PQconsumeInput(l->conn)) {
+    char err[DB_ERR_MAX];
+    db_one_line(PQerrorMessage(l->conn), err, sizeof err);
+    drop_connection(l, err);
+    return;
+  }
+  PGnotify *n;
+  int any = 0;
+  while ((n = PQnotifies(l->conn)) != NULL) {
+    any = 1;
+    PQfreemem(n);
+  }
+  if (any)
+    host_wake(l->h);
+}
