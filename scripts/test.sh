@@ -21,31 +21,9 @@ QUICK=${LEASH_TEST_QUICK:-0}
 say() { printf '\n==> %s\n' "$*"; }
 
 # ------------------------------------------------------------------ packages
-PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted
-          libjansson-dev libcurl4-openssl-dev postgresql-15 postgresql-client-15 valgrind
-          util-linux iproute2)
-
-install_missing() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] \
-      || missing+=("$p")
-  done
-  ((${#missing[@]})) || return 0
-  if [[ $EUID -ne 0 ]]; then
-    echo "note: not root, so not installing: ${missing[*]} (assuming they are present)" >&2
-    return 0
-  fi
-  say "installing ${missing[*]}"
-  apt-get -o DPkg::Lock::Timeout=600 update
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}"
-}
-
-if command -v dpkg-query >/dev/null 2>&1; then
-  install_missing
-else
-  echo "note: no dpkg-query (not Debian?); assuming the dependencies are present" >&2
-fi
+# shellcheck source=scripts/deps.sh
+source scripts/deps.sh
+deps_install
 
 # Tests see only the server this script starts: no stray connection settings.
 mapfile -t pg_vars < <(compgen -e | grep '^PG' || true)

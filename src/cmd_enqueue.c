@@ -312,7 +312,13 @@ out:
    user's input, so a usage error; anything else is a runtime failure. */
 static int data_error(struct cli *g, const char *err)
 {
-  if (strncmp(db_last_sqlstate(), "22", 2) == 0)
-    return cli_usage_error(g, "%s; nothing was enqueued", err);
+  if (strncmp(db_last_sqlstate(), "22", 2) == 0) {
+    /* The primary message only: libpq's "ERROR:  " prefix and the CONTEXT part (which
+       names this file's SQL parameters, "$3", not the user's option) would not help. */
+    const char *m = strncmp(err, "ERROR:  ", 8) == 0 ? err + 8 : err;
+    const char *ctx = strstr(m, " CONTEXT:");
+    int n = ctx ? (int)(ctx - m) : (int)strlen(m);
+    return cli_usage_error(g, "%.*s; nothing was enqueued", n, m);
+  }
   return cli_runtime_error(g, "%s", err);
 }

@@ -363,6 +363,11 @@ static void build_env(lua_State *L)
     lua_setfield(L, env, *lib);
     lua_pop(L, 1);
   }
+  /* string.dump makes bytecode; nothing here loads it, but it has no use in a task either. */
+  lua_getfield(L, env, "string");
+  lua_pushnil(L);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
   lua_getglobal(L, "os");
   lua_newtable(L);
   for (const char *const *n = os_names; *n; n++) {

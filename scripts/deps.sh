@@ -1,0 +1,26 @@
+# Sourced by scripts/test.sh and scripts/demo.sh: installs the Debian packages the build,
+# the tests and the demo need, when any is missing (apt-get update once, then install).
+LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted
+                libjansson-dev libcurl4-openssl-dev postgresql-15 postgresql-client-15 valgrind
+                util-linux iproute2 python3)
+
+deps_install() {
+  local missing=() p
+  command -v dpkg-query >/dev/null 2>&1 || {
+    echo "note: no dpkg-query (not Debian?); assuming the dependencies are present" >&2
+    return 0
+  }
+  for p in "${LEASH_PACKAGES[@]}"; do
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] \
+      || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  if [[ $EUID -ne 0 ]]; then
+    echo "note: not root, so not installing: ${missing[*]} (assuming they are present)" >&2
+    return 0
+  fi
+  printf '\n==> installing %s\n' "${missing[*]}"
+  apt-get -o DPkg::Lock::Timeout=600 update
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
+    --no-install-recommends "${missing[@]}"
+}

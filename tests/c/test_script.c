@@ -1,0 +1,217 @@
+/* The Lua bridge through the real loader, sandbox and outcome mapping (no database). */
+#include "check.h"
+
+#include "script.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#ifndef FIXTURES
+#error "FIXTURES must name tests/fixtures/lua"
+#endif
+
+static atomic_int stopping;
+static pthread_mutex_t wake_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;
+
+static struct script_host host(double timeout, size_t memory)
+{
+  atomic_init(&stopping, 0);
+  return (struct script_host){
+    .worker_id = "test-worker", .stopping = &stopping, .wake_mu = &wake_mu,
+    .wake_cv = &wake_cv, .task_timeout = timeout, .memory_limit = memory,
+  };
+}
+
+static struct task *new_task(const char *payload)
+{
+  struct task *t = calloc(1, sizeof *t);
+  t->id = 42;
+  t->attempt = 1;
+  t->max_attempts = 8;
+  t->tenant_id = strdup("t");
+  t->shard_key = strdup("s");
+  t->payload = strdup(payload);
+  t->delay = -1;
+  atomic_init(&t->lost, 0);
+  return t;
+}
+
+/* Runs one task of outcomes.lua and returns it (caller frees). */
+static struct task *run(const struct script_host *h, const char *payload)
+{
+  char err[1024];
+  struct script *s = script_load(FIXTURES "/outcomes.lua", h, err, sizeof err);
+  if (!s)
+    fprintf(stderr, "load: %s\n", err);
+  CHECK(s != NULL);
+  struct task *t = new_task(payload);
+  script_run(s, t);
+  script_free(s);
+  return t;
+}
+
+static void outcomes_follow_the_contract(void)
+{
+  struct script_host h = host(0, 0);
+  struct task *t = run(&h, "{\"kind\":\"nothing\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK(t->result == NULL);
+  task_free(t);
+  t = run(&h, "{\"kind\":\"true\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  task_free(t);
+  t = run(&h, "{\"kind\":\"ok\",\"n\":3}");
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK_STR_EQ(t->result, "{\"id\":42,\"n\":3,\"sib\":4}");
+  task_free(t);
+  t = run(&h, "{\"kind\":\"false\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
+  CHECK_STR_EQ(t->error, "said false");
+  CHECK(t->delay < 0);
+  task_free(t);
+  t = run(&h, "{\"kind\":\"retry\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
+  CHECK_STR_EQ(t->error, "later");
+  CHECK(t->delay == 7.5);
+  task_free(t);
+  t = run(&h, "{\"kind\":\"fatal\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_DEAD);
+  CHECK_STR_EQ(t->error, "never");
+  task_free(t);
+}
+
+static void raised_error_is_a_retry_with_traceback(void)
+{
+  struct script_host h = host(0, 0);
+  struct task *t = run(&h, "{\"kind\":\"error\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
+  CHECK(strstr(t->error, "outcomes.lua") && strstr(t->error, "exploded"));
+  CHECK(strstr(t->error, "stack traceback"));
+  task_free(t);
+}
+
+static void unexpected_return_is_a_contract_error(void)
+{
+  struct script_host h = host(0, 0);
+  struct task *t = run(&h, "{\"kind\":\"string\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
+  CHECK(strstr(t->error, "handle returned a string"));
+  task_free(t);
+}
+
+static void timeout_survives_script_pcall(void)
+{
+  struct script_host h = host(0.2, 0);
+  struct task *t = run(&h, "{\"kind\":\"loop\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
+  CHECK(strstr(t->error, "timed out"));
+  CHECK(t->duration < 2.0);
+  task_free(t);
+}
+
+static void memory_cap_fails_the_task_not_the_process(void)
+{
+  struct script_host h = host(0, 8u * 1024 * 1024);
+  char err[1024];
+  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
+  CHECK(s != NULL);
+  struct task *t = new_task("{\"kind\":\"memory\"}");
+  script_run(s, t);
+  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
+  CHECK(strstr(t->error, "out of memory"));
+  CHECK(script_broken(s));
+  task_free(t);
+  script_free(s);
+}
+
+static void sandbox_exposes_no_process_control(void)
+{
+  struct script_host h = host(0, 0);
+  struct task *t = run(&h, "{\"kind\":\"sandbox\"}");
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK_STR_EQ(t->result, "{\"exposed\":[],\"setup\":true}");
+  task_free(t);
+  char err[1024];
+  CHECK(script_load(FIXTURES "/escape.lua", &h, err, sizeof err) == NULL);
+  CHECK(strstr(err, "exit"));
+}
+
+static void payload_types_arrive_as_lua_values(void)
+{
+  struct script_host h = host(0, 0);
+  struct task *t = run(&h, "{\"kind\":\"types\",\"i\":1,\"f\":1.5,\"null\":null,"
+                           "\"arr\":[1,2,3],\"obj\":{\"k\":\"v\"}}");
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK_STR_EQ(t->result, "{\"ok\":true}");
+  task_free(t);
+}
+
+static void bad_scripts_are_refused_with_the_lua_error(void)
+{
+  struct script_host h = host(0, 0);
+  char err[1024];
+  CHECK(script_load(FIXTURES "/bad_syntax.lua", &h, err, sizeof err) == NULL);
+  CHECK(strstr(err, "bad_syntax.lua:1"));
+  CHECK(script_load(FIXTURES "/bad_contract.lua", &h, err, sizeof err) == NULL);
+  CHECK(strstr(err, "must return handle"));
+  CHECK(script_load(FIXTURES "/missing.lua", &h, err, sizeof err) == NULL);
+  CHECK(strstr(err, "cannot open"));
+}
+
+static void *lose_later(void *arg)
+{
+  usleep(100 * 1000);
+  atomic_store(&((struct task *)arg)->lost, 1);
+  return NULL;
+}
+
+static void lost_lease_stops_the_running_code(void)
+{
+  struct script_host h = host(0, 0);
+  char err[1024];
+  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
+  CHECK(s != NULL);
+  struct task *t = new_task("{\"kind\":\"lost\"}");
+  pthread_t th;
+  pthread_create(&th, NULL, lose_later, t);
+  script_run(s, t);
+  pthread_join(th, NULL);
+  /* Either the hook stopped it, or it saw lease_lost() first: never a silent success. */
+  CHECK(t->kind == OUTCOME_RETRY ? strstr(t->error, "lease lost") != NULL
+                                 : strcmp(t->result, "{\"saw_lost\":true}") == 0);
+  task_free(t);
+  script_free(s);
+}
+
+static void shipped_scripts_load(void)
+{
+  struct script_host h = host(0, 0);
+  char err[1024];
+  static const char *const shipped[] = { SCRIPTS "/summarize_chunk.lua", NULL };
+  for (const char *const *p = shipped; *p; p++) {
+    struct script *s = script_load(*p, &h, err, sizeof err);
+    if (!s)
+      fprintf(stderr, "%s: %s\n", *p, err);
+    CHECK(s != NULL);
+    script_free(s);
+  }
+}
+
+int main(int argc, char **argv)
+{
+  static const struct check_case cases[] = {
+    { "outcomes_follow_the_contract", outcomes_follow_the_contract },
+    { "raised_error_is_a_retry_with_traceback", raised_error_is_a_retry_with_traceback },
+    { "unexpected_return_is_a_contract_error", unexpected_return_is_a_contract_error },
+    { "timeout_survives_script_pcall", timeout_survives_script_pcall },
+    { "memory_cap_fails_the_task_not_the_process", memory_cap_fails_the_task_not_the_process },
+    { "sandbox_exposes_no_process_control", sandbox_exposes_no_process_control },
+    { "payload_types_arrive_as_lua_values", payload_types_arrive_as_lua_values },
+    { "bad_scripts_are_refused_with_the_lua_error", bad_scripts_are_refused_with_the_lua_error },
+    { "lost_lease_stops_the_running_code", lost_lease_stops_the_running_code },
+    { "shipped_scripts_load", shipped_scripts_load },
+    { NULL, NULL },
+  };
+  return check_main(cases, argc, argv);
+}
