@@ -43,7 +43,10 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
     return 1;
   }
   case 'h':
+    /* A command's usage text ends with a blank line; the global options follow it, since
+       they are accepted after the command too. */
     fputs(g->usage, stdout);
+    fputs(cli_global_help, stdout);
     *done = 1;
     return EXIT_OK;
   case OPT_VERSION:

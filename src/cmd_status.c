@@ -130,7 +130,7 @@ static void print_json(const char *table, const char *tenant, const char *batch,
     json_object_set_new(w, PQgetvalue(workers, i, 0),
                         json_integer(strtoll(PQgetvalue(workers, i, 1), NULL, 10)));
   json_object_set_new(o, "leases_by_worker", w);
-  char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
+  char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
   if (s)
     printf("%s\n", s);
   free(s);

@@ -28,17 +28,12 @@ PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout
 {
   char app[64];
   snprintf(app, sizeof app, "leash %s", role);
-  /* expand_dbname lets conninfo be a URI or key=value string; keywords after it win, so
-     the caller's own fallback_application_name stays the caller's if set. */
-  const char *keys[] = { "dbname", "fallback_application_name", "connect_timeout", NULL };
-  const char *vals[] = { conninfo ? conninfo : "", app, "10", NULL };
-  if (!conninfo) {
-    keys[0] = "fallback_application_name";
-    vals[0] = app;
-    keys[1] = "connect_timeout";
-    vals[1] = "10";
+  /* expand_dbname lets conninfo be a URI or key=value string. It comes last, so what the
+     user wrote (connect_timeout, application_name) wins over our defaults. */
+  const char *keys[] = { "fallback_application_name", "connect_timeout", "dbname", NULL };
+  const char *vals[] = { app, "10", conninfo, NULL };
+  if (!conninfo)
     keys[2] = NULL;
-  }
   PGconn *c = PQconnectdbParams(keys, vals, 1);
   if (!c) {
     snprintf(err, errlen, "out of memory connecting to PostgreSQL");
@@ -149,6 +144,13 @@ int db_table_init(struct db_table *t, PGconn *c, const char *spec, char *err, si
   const char *name = dot ? dot + 1 : spec;
   if (*spec == '\0' || *name == '\0' || (dot && dot == spec)) {
     snprintf(err, errlen, "--table: empty name in '%s' (use NAME or SCHEMA.NAME)", spec);
+    return -1;
+  }
+  /* Objects named "<table>_<what>" must fit PostgreSQL's 63 bytes, or they would be cut
+     and collide ("<table>_one_lease_per_shard" is the longest). */
+  if (strlen(name) > DB_TABLE_NAME_MAX) {
+    snprintf(err, errlen, "--table: the name '%s' is longer than %d bytes", name,
+             DB_TABLE_NAME_MAX);
     return -1;
   }
   t->name = strdup(name);

@@ -51,7 +51,9 @@ struct db_table {
   char *literal;     /* qualified as an SQL string literal, for ::regclass */
 };
 
-/* Returns 0, or -1 with err (an empty name part, or out of memory). */
+#define DB_TABLE_NAME_MAX 40
+
+/* Returns 0, or -1 with err (an empty or too long name part, or out of memory). */
 int db_table_init(struct db_table *t, PGconn *c, const char *spec, char *err, size_t errlen);
 void db_table_free(struct db_table *t);
 

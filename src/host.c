@@ -363,11 +363,10 @@ static void settle(struct dispatcher *d, struct task *list)
     struct task *t = list;
     list = t->next;
     t->next = NULL;
-    if (now >= t->lease_deadline) {
-      pthread_mutex_lock(&d->h->mu);
+    pthread_mutex_lock(&d->h->mu);   /* the lease thread moves lease_deadline */
+    if (now >= t->lease_deadline)
       host_lose_lease(d->h, t, "lease ran out before the outcome could be written");
-      pthread_mutex_unlock(&d->h->mu);
-    }
+    pthread_mutex_unlock(&d->h->mu);
     if (atomic_load(&t->lost)) {
       d->lost++;
       finish_task(d, t, -1);

@@ -37,9 +37,7 @@ qv() {
 
 # The migrations leash carries: one per sql/NNN_*.sql file.
 n_migrations() {
-  local f n=0
-  for f in "$LEASH_SRC"/sql/[0-9]*.sql; do n=$((n + 1)); done
-  echo "$n"
+  compgen -G "$LEASH_SRC/sql/[0-9]*.sql" | wc -l | tr -d ' '
 }
 
 # pg_dump's schema, less the \restrict/\unrestrict lines newer pg_dump versions add with a
@@ -169,18 +167,18 @@ case_unreachable_database_exits_1_without_password() {
   need_pg
   t_newdb
   local good=$DATABASE_URL cmd
-  local -A args=([migrate]="" [enqueue]='{"a":1}' [status]="--json")
+  local -A cmd_args=([migrate]="" [enqueue]='{"a":1}' [status]="--json")
 
   for cmd in migrate enqueue status; do
     # --db, even while $DATABASE_URL points at a working database: --db wins.
-    DATABASE_URL=$good check_unreachable "$cmd" --db "$DEAD_URL" ${args[$cmd]:+"${args[$cmd]}"}
+    DATABASE_URL=$good check_unreachable "$cmd" --db "$DEAD_URL" ${cmd_args[$cmd]:+"${cmd_args[$cmd]}"}
     DATABASE_URL=$good check_unreachable "$cmd" --log-format json --db "$DEAD_URL" \
-      ${args[$cmd]:+"${args[$cmd]}"}
+      ${cmd_args[$cmd]:+"${cmd_args[$cmd]}"}
     # $DATABASE_URL, even while PG* points at the working server: it wins over PG*.
-    DATABASE_URL=$DEAD_URL check_unreachable "$cmd" ${args[$cmd]:+"${args[$cmd]}"}
+    DATABASE_URL=$DEAD_URL check_unreachable "$cmd" ${cmd_args[$cmd]:+"${cmd_args[$cmd]}"}
     # key=value form.
     DATABASE_URL="host=127.0.0.1 port=1 user=leash password=$SECRET dbname=x" \
-      check_unreachable "$cmd" ${args[$cmd]:+"${args[$cmd]}"}
+      check_unreachable "$cmd" ${cmd_args[$cmd]:+"${cmd_args[$cmd]}"}
   done
 
   # Strings libpq cannot even parse: its message quotes the URI, or the token it could not
@@ -485,8 +483,10 @@ case_status_json_is_stable() {
   for i in 1 2 3 4; do expect_exit 0 "$LEASH" enqueue --tenant acme --batch nightly "{\"i\":$i}"; done
   for i in 5 6; do expect_exit 0 "$LEASH" enqueue --tenant acme --batch nightly --delay 1h "{\"i\":$i}"; done
   for i in 7 8; do expect_exit 0 "$LEASH" enqueue --tenant other "{\"i\":$i}"; done
+  expect_exit 0 "$LEASH" enqueue --tenant acme --batch nightly '{"i":9}'
+  # Every count differs from the others, so no two fields can be swapped unnoticed.
   q "update agent_work_queue set status = 'done' where id = 3;
-     update agent_work_queue set status = 'dead', attempts = 8 where id = 4;
+     update agent_work_queue set status = 'dead', attempts = 8 where id in (4, 9);
      update agent_work_queue set status = 'leased', lease_owner = 'w1', attempts = 1,
             locked_until = now() + interval '10 minutes' where id in (2, 7);
      update agent_work_queue set status = 'leased', lease_owner = 'w2', attempts = 1,
@@ -496,12 +496,12 @@ case_status_json_is_stable() {
   local all
   all=$(status_json)
   assert_eq "whole queue" "$all" \
-    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":3,"leased":3,"done":1,"dead":1},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":2,"w2":1}}'
+    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":3,"leased":3,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":2,"w2":1}}'
   check_status "whole queue, again" "$all"
   check_status "--tenant acme" \
-    '{"table":"agent_work_queue","tenant":"acme","batch":null,"counts":{"pending":3,"leased":1,"done":1,"dead":1},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1}}' --tenant acme
+    '{"table":"agent_work_queue","tenant":"acme","batch":null,"counts":{"pending":3,"leased":1,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1}}' --tenant acme
   check_status "--batch nightly" \
-    '{"table":"agent_work_queue","tenant":null,"batch":"nightly","counts":{"pending":3,"leased":1,"done":1,"dead":1},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1}}' --batch nightly
+    '{"table":"agent_work_queue","tenant":null,"batch":"nightly","counts":{"pending":3,"leased":1,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1}}' --batch nightly
   check_status "--tenant other" \
     '{"table":"agent_work_queue","tenant":"other","batch":null,"counts":{"pending":0,"leased":2,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{"w1":1,"w2":1}}' --tenant other
   check_status "--tenant other --batch nightly" \
@@ -514,12 +514,14 @@ case_status_json_is_stable() {
   local acme
   acme=$(status_json --tenant acme)
   assert_contains "plain SQL row" "$acme" \
-    '"counts":{"pending":4,"leased":1,"done":1,"dead":1},"runnable":2,"scheduled":2,'
+    '"counts":{"pending":4,"leased":1,"done":1,"dead":2},"runnable":2,"scheduled":2,'
 
   # The text form says the same.
   expect_exit 0 "$LEASH" status
   assert_contains "text: pending" "$(<"$T_OUT")" "pending  4 (runnable 2, scheduled 2)"
   assert_contains "text: leased" "$(<"$T_OUT")" "leased   3"
+  assert_contains "text: done" "$(<"$T_OUT")" "done     1"
+  assert_contains "text: dead" "$(<"$T_OUT")" "dead     2"
   assert_contains "text: worker" "$(<"$T_OUT")" "worker   w1 holds 2 leases"
 }
 
