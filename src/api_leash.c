@@ -10,6 +10,7 @@
 #include "json_lua.h"
 #include "log.h"
 #include "pgvalue.h"
+#include "queue.h"
 #include "script.h"
 
 #include <errno.h>
@@ -33,7 +34,12 @@ static int l_log_debug(lua_State *L);
 static int l_log_info(lua_State *L);
 static int l_log_warn(lua_State *L);
 static int l_log_error(lua_State *L);
+static int l_step(lua_State *L);
+static int l_enqueue(lua_State *L);
 static int result_gc(lua_State *L);
+static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
+                           const char *const *params);
+static void task_fence(lua_State *L, struct task *t, char *id, char *attempt);
 static void push_outcome(lua_State *L, const char *kind);
 
 static const char outcome_key = 'O';
@@ -43,7 +49,7 @@ int api_leash_open(lua_State *L)
 {
   static const luaL_Reg funcs[] = {
     { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "now", l_now },
-    { "sleep", l_sleep }, { NULL, NULL },
+    { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue }, { NULL, NULL },
   };
   static const luaL_Reg db[] = { { "query", l_db_query }, { NULL, NULL } };
   static const luaL_Reg logf[] = {
@@ -212,11 +218,6 @@ static int l_db_query(lua_State *L)
   int nparams = lua_gettop(L) - 1;
   luaL_argcheck(L, nparams <= DB_MAX_PARAMS, DB_MAX_PARAMS + 2, "too many parameters");
   script_check_live(L, "leash.db.query");
-  struct script *s = script_of(L);
-  const struct script_host *h = script_host_of(s);
-  if (!h->pool)
-    return luaL_error(L, "leash.db.query: no database in this context");
-
   /* Text of every parameter first (may raise), kept alive on the stack. */
   const char *params[DB_MAX_PARAMS];
   char err[512];
@@ -234,10 +235,19 @@ static int l_db_query(lua_State *L)
     case LUA_TBOOLEAN:
       params[i] = lua_toboolean(L, idx) ? "true" : "false";
       break;
-    case LUA_TNUMBER:
-    case LUA_TSTRING:
-      params[i] = luaL_tolstring(L, idx, NULL);
+    case LUA_TNUMBER: {
+      /* tostring keeps only 14 digits of a float; PostgreSQL gets all 17. */
+      char num[64];
+      if (lua_isinteger(L, idx))
+        snprintf(num, sizeof num, "%lld", (long long)lua_tointeger(L, idx));
+      else
+        snprintf(num, sizeof num, "%.17g", (double)lua_tonumber(L, idx));
+      lua_pushstring(L, num);
       lua_replace(L, idx);
+      params[i] = lua_tostring(L, idx);
+      break;
+    }
+    case LUA_TSTRING:
       params[i] = lua_tostring(L, idx);
       break;
     case LUA_TTABLE: {
@@ -254,26 +264,7 @@ static int l_db_query(lua_State *L)
       return luaL_argerror(L, idx, "cannot send this type to PostgreSQL");
     }
   }
-  /* The result is boxed before anything can raise, so the GC frees it on any path. */
-  PGresult **box = lua_newuserdatauv(L, sizeof *box, 0);
-  *box = NULL;
-  luaL_setmetatable(L, RESULT_MT);
-  PGconn *c = dbpool_get(h->pool, err, sizeof err);
-  if (!c)
-    return luaL_error(L, "leash.db.query: %s", err);
-  *box = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
-  ExecStatusType st = *box ? PQresultStatus(*box) : PGRES_FATAL_ERROR;
-  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-    const char *m = *box ? PQresultErrorMessage(*box) : PQerrorMessage(c);
-    snprintf(err, sizeof err, "%s", m && *m ? m : "query failed");
-    dbpool_put(h->pool, c);
-    size_t n = strlen(err);
-    while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
-      err[--n] = '\0';
-    return luaL_error(L, "leash.db.query: %s", err);
-  }
-  dbpool_put(h->pool, c);
-  PGresult *r = *box;
+  PGresult *r = pool_exec(L, "leash.db.query", sql, nparams, params);
   int rows = PQntuples(r), cols = PQnfields(r);
   lua_createtable(L, rows, 0);
   luaL_setmetatable(L, JSONLUA_ARRAY_MT);
@@ -289,6 +280,147 @@ static int l_db_query(lua_State *L)
   const char *affected = PQcmdTuples(r);
   lua_pushinteger(L, *affected ? strtoll(affected, NULL, 10) : rows);
   return 2;
+}
+
+/* [-0, +1, m] Runs one statement on a pooled connection; the result is boxed in a userdata
+   pushed on the stack (freed by the GC on every path, raise included). Raises on failure
+   with "what: <server message>". */
+static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
+                           const char *const *params)
+{
+  const struct script_host *h = script_host_of(script_of(L));
+  char err[512];
+  if (!h->pool)
+    luaL_error(L, "%s: no database in this context", what);
+  PGresult **box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = NULL;
+  luaL_setmetatable(L, RESULT_MT);
+  PGconn *c = dbpool_get(h->pool, err, sizeof err);
+  if (!c)
+    luaL_error(L, "%s: %s", what, err);
+  *box = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  ExecStatusType st = *box ? PQresultStatus(*box) : PGRES_FATAL_ERROR;
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+    const char *m = *box ? PQresultErrorField(*box, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+    if (!m)
+      m = *box ? PQresultErrorMessage(*box) : PQerrorMessage(c);
+    snprintf(err, sizeof err, "%s", m && *m ? m : "query failed");
+    dbpool_put(h->pool, c);
+    size_t n = strlen(err);
+    while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
+      err[--n] = '\0';
+    luaL_error(L, "%s: %s", what, err);
+  }
+  dbpool_put(h->pool, c);
+  return *box;
+}
+
+/* The running task's fencing token as text: id and attempt (owner is the worker id). */
+static void task_fence(lua_State *L, struct task *t, char *id, char *attempt)
+{
+  (void)L;
+  snprintf(id, 24, "%lld", (long long)t->id);
+  snprintf(attempt, 16, "%d", t->attempt);
+}
+
+/* leash.step(name, fn): runs fn once per task across all attempts. A stored result is
+   returned without calling fn; else fn() runs and its result (one JSON-able value, or nil)
+   is stored fenced before it is returned. Raises when the lease is lost (the result is then
+   not stored: the next holder runs the step again). */
+static int l_step(lua_State *L)
+{
+  const char *name = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  script_check_live(L, "leash.step");
+  struct script *s = script_of(L);
+  const struct script_host *h = script_host_of(s);
+  struct task *t = script_task(s);
+  char id[24], attempt[16], err[512];
+  if (!h->sql)
+    return luaL_error(L, "leash.step: no database in this context");
+  task_fence(L, t, id, attempt);
+
+  const char *get[] = { id, name };
+  PGresult *r = pool_exec(L, "leash.step", h->sql->step_get, 2, get);   /* stack: +box */
+  if (PQntuples(r) == 1) {
+    if (PQgetisnull(r, 0, 0))
+      lua_pushnil(L);
+    else if (jsonlua_decode(L, PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0), err,
+                            sizeof err) != 0)
+      return luaL_error(L, "leash.step: stored result of '%s' unreadable: %s", name, err);
+    return 1;
+  }
+  lua_pop(L, 1);
+
+  lua_pushvalue(L, 2);
+  lua_call(L, 0, 1);                                                    /* stack: result */
+  int res = lua_gettop(L);
+  char *json = NULL;
+  if (!lua_isnil(L, res) && !(json = jsonlua_encode(L, res, err, sizeof err)))
+    return luaL_error(L, "leash.step: result of '%s' cannot be stored as JSON: %s", name, err);
+  lua_pushstring(L, json ? json : "");   /* keep the text alive on the stack, free ours */
+  int has = json != NULL;
+  free(json);
+  script_check_live(L, "leash.step");
+  const char *put[] = { id, name, has ? lua_tostring(L, -1) : NULL, attempt, h->worker_id };
+  r = pool_exec(L, "leash.step", h->sql->step_put, 5, put);
+  if (PQntuples(r) != 1)
+    return luaL_error(L, "leash.step: lease lost: step '%s' not stored", name);
+  lua_pushvalue(L, res);
+  return 1;
+}
+
+/* leash.enqueue{payload=…, tenant_id=…, shard_key=…, delay=…, batch=…, max_attempts=…}:
+   a child task, written only while this task's lease holds (a lost lease cannot spawn).
+   Defaults: the parent's tenant and batch, a shard of its own. Returns the new id. */
+static int l_enqueue(lua_State *L)
+{
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  script_check_live(L, "leash.enqueue");
+  struct script *s = script_of(L);
+  const struct script_host *h = script_host_of(s);
+  struct task *t = script_task(s);
+  char id[24], attempt[16], err[512], delay[32], max[16];
+  if (!h->sql)
+    return luaL_error(L, "leash.enqueue: no database in this context");
+  task_fence(L, t, id, attempt);
+
+  if (lua_getfield(L, 1, "payload") == LUA_TNIL)
+    return luaL_argerror(L, 1, "payload is required");
+  char *json = jsonlua_encode(L, -1, err, sizeof err);
+  if (!json)
+    return luaL_argerror(L, 1, err);
+  lua_pushstring(L, json);                                 /* 3: payload text */
+  free(json);
+  const char *tenant = (lua_getfield(L, 1, "tenant_id"), luaL_optstring(L, -1, NULL));   /* 4 */
+  const char *shard = (lua_getfield(L, 1, "shard_key"), luaL_optstring(L, -1, NULL));    /* 5 */
+  int has_batch = lua_getfield(L, 1, "batch") != LUA_TNIL;                               /* 6 */
+  const char *batch = lua_isuserdata(L, -1) ? NULL : luaL_optstring(L, -1, NULL);
+  const char *delay_p = NULL, *max_p = NULL;
+  if (lua_getfield(L, 1, "delay") != LUA_TNIL) {
+    lua_Number d = lua_tonumber(L, -1);
+    if (!lua_isnumber(L, -1) || d < 0)
+      return luaL_argerror(L, 1, "delay must be a number of seconds >= 0");
+    snprintf(delay, sizeof delay, "%.3f", (double)d);
+    delay_p = delay;
+  }
+  if (lua_getfield(L, 1, "max_attempts") != LUA_TNIL) {
+    lua_Integer m = lua_tointeger(L, -1);
+    if (!lua_isinteger(L, -1) || m < 1 || m > 2147483647)
+      return luaL_argerror(L, 1, "max_attempts must be an integer >= 1");
+    snprintf(max, sizeof max, "%lld", (long long)m);
+    max_p = max;
+  }
+  const char *params[] = { tenant, shard, lua_tostring(L, 3), delay_p, max_p,
+                           has_batch ? "true" : "false", batch, h->table, id, h->worker_id,
+                           attempt };
+  PGresult *r = pool_exec(L, "leash.enqueue", h->sql->enqueue, 11, params);
+  if (PQntuples(r) != 1)
+    return luaL_error(L, "leash.enqueue: lease lost: child task not enqueued");
+  lua_pushinteger(L, strtoll(PQgetvalue(r, 0, 0), NULL, 10));
+  return 1;
 }
 
 /* leash.log.<level>(msg [, fields]): into the host's log, tagged with the task. */

@@ -70,6 +70,7 @@ int host_run(const struct host_config *cfg)
   struct host h = { .cfg = cfg };
   struct dispatcher d = { .h = &h, .backoff = 0.1 };
   struct lease *lease = NULL;
+  struct queue_script_sql script_sql = { 0 };
   pthread_t sig_thread;
   int sig_started = 0, rc = 1, started = 0;
   char err[DB_ERR_MAX];
@@ -108,6 +109,12 @@ int host_run(const struct host_config *cfg)
     goto out;
   }
   d.q = queue_new(d.conn, &h.table, cfg->worker_id, cfg->visibility);
+  if (queue_script_sql_init(&script_sql, d.conn, &h.table) != 0) {
+    log_error("out of memory starting the host");
+    goto out;
+  }
+  h.sh.sql = &script_sql;
+  h.sh.table = h.table.qualified;
   h.sh.pool = dbpool_new(cfg->conninfo, cfg->db_pool, 0);
   d.slots = calloc((size_t)cfg->concurrency, sizeof *d.slots);
   d.idle = calloc((size_t)cfg->concurrency, sizeof *d.idle);
@@ -185,6 +192,7 @@ out:
   free(d.slots);
   free(d.idle);
   queue_free(d.q);
+  queue_script_sql_free(&script_sql);
   dbpool_free(h.sh.pool);
   PQfinish(d.conn);
   db_table_free(&h.table);

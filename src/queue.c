@@ -278,6 +278,53 @@ char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t er
   return out;
 }
 
+int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db_table *t)
+{
+  memset(s, 0, sizeof *s);
+  char *steps = db_table_object(t, c, "steps", 1);
+  if (!steps)
+    return -1;
+  s->step_get = format_sql("SELECT result::text FROM %s WHERE task_id = $1 AND name = $2", steps);
+  /* Fenced: only the lease holder of this attempt can store a step. */
+  size_t n = strlen(steps) + strlen(t->qualified) + 512;
+  s->step_put = malloc(n);
+  if (s->step_put)
+    snprintf(s->step_put, n,
+             "INSERT INTO %s (task_id, name, result, attempt) "
+             "SELECT $1, $2, $3::jsonb, $4 FROM %s q "
+             " WHERE q.id = $1 AND q.attempts = $4 AND q.lease_owner = $5 "
+             "   AND q.status = 'leased' "
+             "ON CONFLICT (task_id, name) DO NOTHING RETURNING 1", steps, t->qualified);
+  /* A child task: the parent's tenant and batch unless given; a shard of its own unless
+     given. Written only while the parent's lease holds ($9 id, $10 owner, $11 attempt). */
+  n = 3 * strlen(t->qualified) + 1024;
+  s->enqueue = malloc(n);
+  if (s->enqueue)
+    snprintf(s->enqueue, n,
+             "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch) "
+             "SELECT n.id, coalesce($1, p.tenant_id), coalesce($2, 'task:' || n.id), $3::jsonb, "
+             "       now() + make_interval(secs => coalesce($4::float8, 0)), "
+             "       coalesce($5::int, 8), CASE WHEN $6::boolean THEN $7 ELSE p.batch END "
+             "  FROM %s p, (SELECT nextval(pg_get_serial_sequence($8, 'id')) AS id) n "
+             " WHERE p.id = $9 AND p.lease_owner = $10 AND p.attempts = $11 "
+             "   AND p.status = 'leased' "
+             "RETURNING id", t->qualified, t->qualified);
+  free(steps);
+  if (!s->step_get || !s->step_put || !s->enqueue) {
+    queue_script_sql_free(s);
+    return -1;
+  }
+  return 0;
+}
+
+void queue_script_sql_free(struct queue_script_sql *s)
+{
+  free(s->step_get);
+  free(s->step_put);
+  free(s->enqueue);
+  memset(s, 0, sizeof *s);
+}
+
 char *queue_array_literal(const char *const *values, int n)
 {
   struct text b = { 0 };

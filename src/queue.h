@@ -51,6 +51,18 @@ int queue_release(struct queue *q, PGconn *c, const int64_t *ids, const int *att
 int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, char *err,
                      size_t errlen);
 
+/* Statements the scripts' host API runs on pooled connections, fenced by the task's
+   (id, owner, attempt). Built once per process; read-only afterwards. */
+struct queue_script_sql {
+  char *step_get;    /* $1 task id, $2 name → result::text (one row when stored) */
+  char *step_put;    /* $1 id, $2 name, $3 result, $4 attempt, $5 owner → a row if written */
+  char *enqueue;     /* see queue.c */
+};
+
+/* Fills s for table t; 0, or -1 when out of memory (s is then freed). */
+int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db_table *t);
+void queue_script_sql_free(struct queue_script_sql *s);
+
 /* A text[] literal ({"a","b"}) of n strings, escaped; malloc'd, NULL when out of memory. */
 char *queue_array_literal(const char *const *values, int n);
 

@@ -17,11 +17,14 @@
 #include <stddef.h>
 
 struct dbpool;
+struct queue_script_sql;
 
 /* What the host lends every state; shared, read-only but for the flags and the condvar. */
 struct script_host {
   const char *worker_id;
   struct dbpool *pool;          /* leash.db.query; NULL in `leash check` (calls raise) */
+  const struct queue_script_sql *sql;  /* step and enqueue statements (with pool) */
+  const char *table;            /* the queue table, quoted (for enqueue's sequence) */
   atomic_int *stopping;         /* drain deadline passed / second signal: stop tasks now */
   pthread_mutex_t *wake_mu;     /* leash.sleep waits here; broadcast on lease loss/stop */
   pthread_cond_t *wake_cv;      /* (initialised with CLOCK_MONOTONIC) */
