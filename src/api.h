@@ -7,6 +7,9 @@
 
 #include <lua.h>
 
+/* lua_CFunction: pushes the http table ({ request = f }); api_http.c. */
+int api_http_open(lua_State *L);
+
 /* lua_CFunction: pushes the module table. */
 int api_leash_open(lua_State *L);
 

@@ -61,6 +61,8 @@ int api_leash_open(lua_State *L)
   lua_setfield(L, -2, "null");
   jsonlua_open(L);
   lua_setfield(L, -2, "json");
+  api_http_open(L);
+  lua_setfield(L, -2, "http");
   luaL_newlib(L, db);
   lua_setfield(L, -2, "db");
   luaL_newlib(L, logf);

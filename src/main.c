@@ -2,7 +2,9 @@
 #include "cli.h"
 #include "commands.h"
 
+#include <curl/curl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct command {
@@ -28,6 +30,10 @@ int main(int argc, char **argv)
   struct cli g = { .table = CLI_DEFAULT_TABLE };
   static const struct option opts[] = { CLI_GLOBAL_OPTIONS, { NULL, 0, NULL, 0 } };
   int opt, done;
+
+  /* Before any thread: libcurl's global state is not thread-safe to set up. */
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  atexit(curl_global_cleanup);
 
   /* '+': stop at the command; its own options (and globals after it) are its business. */
   opterr = 0;

@@ -1,0 +1,275 @@
+/*
+ * api_http: leash.http.request on libcurl. Blocking, bounded by its own timeout and the
+ * task's deadline; aborted mid-transfer when the lease is lost or the worker stops (the
+ * progress callback reads the flags). Transport failures raise; any HTTP status is an
+ * answer, not an error (a 429 or 500 is the script's to judge). TLS verification is on.
+ * Requests and their headers are never logged (they carry API keys).
+ */
+#include "api.h"
+
+#include "script.h"
+
+#include <curl/curl.h>
+#include <lauxlib.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HTTP_CALL_MT "leash.HttpCall"
+#define HTTP_DEFAULT_TIMEOUT 30.0
+#define HTTP_MAX_BODY (64u * 1024 * 1024)
+
+struct growbuf {
+  char *s;
+  size_t len, cap;
+};
+
+/* Everything a request owns, in a userdata, so the GC frees it on every path. */
+struct http_call {
+  CURL *curl;
+  struct curl_slist *headers;
+  struct growbuf body, head;
+  struct task *task;
+  atomic_int *stopping;
+  double deadline;              /* monotonic, 0 = none */
+  const char *aborted;          /* why the progress callback stopped the transfer */
+  int too_big;
+};
+
+static int l_request(lua_State *L);
+static int call_gc(lua_State *L);
+static size_t on_body(char *data, size_t size, size_t n, void *ud);
+static size_t on_header(char *data, size_t size, size_t n, void *ud);
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow);
+static int grow(struct growbuf *b, const char *data, size_t n);
+static void push_headers(lua_State *L, const struct growbuf *head);
+static void describe_url(const char *url, char *out, size_t n);
+
+int api_http_open(lua_State *L)
+{
+  static const luaL_Reg funcs[] = { { "request", l_request }, { NULL, NULL } };
+  if (luaL_newmetatable(L, HTTP_CALL_MT)) {
+    lua_pushcfunction(L, call_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  luaL_newlib(L, funcs);
+  return 1;
+}
+
+/* leash.http.request{method, url, headers, body, timeout} → {status, headers, body}. */
+static int l_request(lua_State *L)
+{
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  lua_getfield(L, 1, "url");                      /* 2 */
+  const char *url = luaL_optstring(L, 2, NULL);
+  if (!url)
+    return luaL_argerror(L, 1, "url is required");
+  lua_getfield(L, 1, "method");                   /* 3 */
+  lua_getfield(L, 1, "body");                     /* 4 */
+  size_t body_len = 0;
+  const char *body = luaL_optlstring(L, 4, NULL, &body_len);
+  const char *method = luaL_optstring(L, 3, body ? "POST" : "GET");
+  lua_getfield(L, 1, "timeout");                  /* 5 */
+  lua_Number timeout = luaL_optnumber(L, 5, HTTP_DEFAULT_TIMEOUT);
+  if (!(timeout > 0) || !isfinite(timeout))
+    return luaL_argerror(L, 1, "timeout must be a number of seconds > 0");
+  lua_getfield(L, 1, "headers");                  /* 6 */
+  if (!lua_isnil(L, 6))
+    luaL_checktype(L, 6, LUA_TTABLE);
+  script_check_live(L, "leash.http.request");
+
+  struct script *s = script_of(L);
+  const struct script_host *h = script_host_of(s);
+  struct http_call *call = lua_newuserdatauv(L, sizeof *call, 0);   /* 7 */
+  memset(call, 0, sizeof *call);
+  luaL_setmetatable(L, HTTP_CALL_MT);
+  call->task = script_task(s);
+  call->stopping = h->stopping;
+  double left = script_time_left(s);
+  if (left < timeout)
+    timeout = left > 0.001 ? left : 0.001;
+  call->curl = curl_easy_init();
+  if (!call->curl)
+    return luaL_error(L, "leash.http.request: cannot start a request (out of memory)");
+
+  if (!lua_isnil(L, 6)) {
+    lua_pushnil(L);
+    while (lua_next(L, 6)) {
+      if (lua_type(L, -2) != LUA_TSTRING || !lua_isstring(L, -1))
+        return luaL_argerror(L, 1, "headers must map names to strings");
+      lua_pushfstring(L, "%s: %s", lua_tostring(L, -2), lua_tostring(L, -1));
+      struct curl_slist *next = curl_slist_append(call->headers, lua_tostring(L, -1));
+      if (!next)
+        return luaL_error(L, "leash.http.request: out of memory");
+      call->headers = next;
+      lua_pop(L, 2);
+    }
+  }
+
+  CURL *c = call->curl;
+  char errbuf[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  if (strcmp(method, "HEAD") == 0)
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  if (body) {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, call->headers);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout < 10 ? timeout * 1000 : 10000));
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, call);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, call);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, call);
+  curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
+
+  CURLcode rc = curl_easy_perform(c);
+  if (rc != CURLE_OK) {
+    char where[256];
+    describe_url(url, where, sizeof where);
+    if (call->aborted)
+      return luaL_error(L, "leash.http.request: %s (%s %s)", call->aborted, method, where);
+    if (call->too_big)
+      return luaL_error(L, "leash.http.request: response body over %d MB (%s %s)",
+                        (int)(HTTP_MAX_BODY >> 20), method, where);
+    return luaL_error(L, "leash.http.request: %s%s%s (%s %s)", curl_easy_strerror(rc),
+                      errbuf[0] ? ": " : "", errbuf, method, where);
+  }
+  long status = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  lua_createtable(L, 0, 3);
+  lua_pushinteger(L, status);
+  lua_setfield(L, -2, "status");
+  push_headers(L, &call->head);
+  lua_setfield(L, -2, "headers");
+  lua_pushlstring(L, call->body.s ? call->body.s : "", call->body.len);
+  lua_setfield(L, -2, "body");
+  return 1;
+}
+
+static int call_gc(lua_State *L)
+{
+  struct http_call *call = luaL_checkudata(L, 1, HTTP_CALL_MT);
+  if (call->curl)
+    curl_easy_cleanup(call->curl);
+  curl_slist_free_all(call->headers);
+  free(call->body.s);
+  free(call->head.s);
+  memset(call, 0, sizeof *call);
+  return 0;
+}
+
+static size_t on_body(char *data, size_t size, size_t n, void *ud)
+{
+  struct http_call *call = ud;
+  if (call->body.len + size * n > HTTP_MAX_BODY) {
+    call->too_big = 1;
+    return 0;
+  }
+  return grow(&call->body, data, size * n) == 0 ? size * n : 0;
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *ud)
+{
+  struct http_call *call = ud;
+  /* A new status line (after "100 Continue") starts the headers afresh. */
+  if (size * n >= 5 && memcmp(data, "HTTP/", 5) == 0)
+    call->head.len = 0;
+  return grow(&call->head, data, size * n) == 0 ? size * n : 0;
+}
+
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+  struct http_call *call = ud;
+  if (call->task && atomic_load(&call->task->lost))
+    call->aborted = "lease lost: request aborted";
+  else if (atomic_load(call->stopping))
+    call->aborted = "worker stopping: request aborted";
+  return call->aborted != NULL;
+}
+
+static int grow(struct growbuf *b, const char *data, size_t n)
+{
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *s = realloc(b->s, cap);
+    if (!s)
+      return -1;
+    b->s = s;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, data, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+  return 0;
+}
+
+/* [-0, +1, m] Response headers as { lower-case name = value }; repeats joined by ", ". */
+static void push_headers(lua_State *L, const struct growbuf *head)
+{
+  lua_newtable(L);
+  const char *p = head->s, *end = head->s ? head->s + head->len : NULL;
+  while (p && p < end) {
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    const char *line_end = eol ? eol : end;
+    const char *colon = memchr(p, ':', (size_t)(line_end - p));
+    if (colon && memcmp(p, "HTTP/", 5) != 0) {
+      luaL_Buffer name;
+      luaL_buffinit(L, &name);
+      for (const char *k = p; k < colon; k++)
+        luaL_addchar(&name, (char)((*k >= 'A' && *k <= 'Z') ? *k + 32 : *k));
+      luaL_pushresult(&name);
+      const char *v = colon + 1, *ve = line_end;
+      while (v < ve && (*v == ' ' || *v == '\t'))
+        v++;
+      while (ve > v && (ve[-1] == '\r' || ve[-1] == ' '))
+        ve--;
+      lua_pushvalue(L, -1);
+      if (lua_gettable(L, -3) == LUA_TSTRING) {
+        lua_pushliteral(L, ", ");
+        lua_pushlstring(L, v, (size_t)(ve - v));
+        lua_concat(L, 3);
+      } else {
+        lua_pop(L, 1);
+        lua_pushlstring(L, v, (size_t)(ve - v));
+      }
+      lua_settable(L, -3);
+    }
+    p = eol ? eol + 1 : end;
+  }
+}
+
+/* scheme://host[:port] of url, for error messages: never the path, query or credentials. */
+static void describe_url(const char *url, char *out, size_t n)
+{
+  CURLU *u = curl_url();
+  char *scheme = NULL, *host = NULL, *port = NULL;
+  snprintf(out, n, "(unparsable URL)");
+  if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+      curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
+    curl_url_get(u, CURLUPART_PORT, &port, 0);
+    snprintf(out, n, "%s://%s%s%s", scheme, host, port ? ":" : "", port ? port : "");
+  }
+  curl_free(scheme);
+  curl_free(host);
+  curl_free(port);
+  curl_url_cleanup(u);
+}
