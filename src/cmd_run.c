@@ -13,8 +13,8 @@
 static const char run_usage[] =
   "usage: leash run SCRIPT.lua [OPTIONS]\n\n"
   "Claims tasks from the queue table and runs handle(task) from SCRIPT.lua on each, in N\n"
-  "slots (threads), renewing leases while tasks run. SIGTERM/SIGINT drain; SIGHUP reloads\n"
-  "the script between tasks.\n\n"
+  "slots (threads), renewing leases while tasks run. SIGTERM/SIGINT drain; SIGHUP or a\n"
+  "change of a .lua file in the script's folder reloads the script between tasks.\n\n"
   "options:\n"
   "  --concurrency N       slots in this process (default 10)\n"
   "  --visibility S        lease length (default 600)\n"
@@ -29,6 +29,7 @@ static const char run_usage[] =
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
   "  --lua-memory MB       memory cap per slot's Lua state (default 256, 0 = none)\n"
+  "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n";
 
 static const char check_usage[] =
@@ -39,7 +40,7 @@ static const char check_usage[] =
 enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
-  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY,
+  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH,
 };
 
 #define MAX_TENANTS 64
@@ -64,6 +65,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "claim-batch", required_argument, NULL, OPT_CLAIM_BATCH },
     { "db-pool", required_argument, NULL, OPT_DB_POOL },
     { "lua-memory", required_argument, NULL, OPT_LUA_MEMORY },
+    { "lua-path", required_argument, NULL, OPT_LUA_PATH },
     { NULL, 0, NULL, 0 },
   };
   struct host_config cfg = {
@@ -71,7 +73,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
     .lua_memory = 256u * 1024 * 1024,
   };
-  const char *tenants[MAX_TENANTS];
+  const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
   int ntenants = 0, opt, done, rc;
   long n;
   char worker[300];
@@ -124,6 +126,12 @@ int cmd_run(struct cli *g, int argc, char **argv)
       if (ntenants == MAX_TENANTS)
         return cli_usage_error(g, "at most %d --tenant options", MAX_TENANTS);
       tenants[ntenants++] = optarg;
+      break;
+    case OPT_LUA_PATH:
+      if (cfg.nlua_path == MAX_TENANTS)
+        return cli_usage_error(g, "at most %d --lua-path options", MAX_TENANTS);
+      lua_path[cfg.nlua_path++] = optarg;
+      cfg.lua_path = lua_path;
       break;
     case OPT_BATCH:
       cfg.scope.batch = optarg;

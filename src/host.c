@@ -6,6 +6,7 @@
 #include "lease.h"
 #include "log.h"
 #include "migrate.h"
+#include "reload.h"
 #include "script.h"
 
 #include <math.h>
@@ -38,10 +39,10 @@ struct dispatcher {
   int nidle;
   struct task *done, **done_tail;   /* finished, waiting to be settled */
   int quit;                         /* slots exit */
-  unsigned generation;              /* bumped by SIGHUP */
   int signals;                      /* SIGTERM/SIGINT seen */
   PGconn *conn;
   struct queue *q;
+  struct reload *reload;
   double backoff;
   long claimed, done_count, retried, dead, lost, late;
 };
@@ -88,15 +89,21 @@ int host_run(const struct host_config *cfg)
   h.sh = (struct script_host){
     .worker_id = cfg->worker_id, .stopping = &h.stopping, .wake_mu = &h.wake_mu,
     .wake_cv = &h.wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
+    .lua_path = cfg->lua_path, .nlua_path = cfg->nlua_path,
   };
 
   /* Fail fast: a script that does not load, or a table not migrated, stops us at start. */
-  struct script *probe = script_load(cfg->script_path, &h.sh, err, sizeof err);
+  struct script *probe = NULL;
+  h.script_text = script_read_file(cfg->script_path, &h.script_len, err, sizeof err);
+  if (h.script_text)
+    probe = script_load_text(cfg->script_path, h.script_text, h.script_len, &h.sh, err,
+                             sizeof err);
   if (!probe) {
     log_error("cannot load %s: %s", cfg->script_path, err);
     goto out;
   }
   log_info("loaded %s version %s", cfg->script_path, script_version(probe));
+  snprintf(h.version, sizeof h.version, "%s", script_version(probe));
   script_free(probe);
   d.conn = db_connect(cfg->conninfo, "claim", CLAIM_TIMEOUT_MS, err, sizeof err);
   if (!d.conn) {
@@ -144,7 +151,8 @@ int host_run(const struct host_config *cfg)
     s->d = &d;
     s->index = started;
     pthread_cond_init(&s->cv, NULL);
-    s->script = script_load(cfg->script_path, &h.sh, err, sizeof err);
+    s->script = script_load_text(cfg->script_path, h.script_text, h.script_len, &h.sh, err,
+                                 sizeof err);
     if (!s->script || pthread_create(&s->thread, &attr, slot_main, s) != 0) {
       log_error("cannot start slot %d: %s", started, s->script ? "thread" : err);
       script_free(s->script);
@@ -156,7 +164,11 @@ int host_run(const struct host_config *cfg)
   pthread_attr_destroy(&attr);
   if (started == cfg->concurrency) {
     lease = lease_start(&h);
-    if (lease) {
+    struct reload *r = reload_start(&h);
+    pthread_mutex_lock(&h.mu);   /* the signal thread reads d.reload under mu */
+    d.reload = r;
+    pthread_mutex_unlock(&h.mu);
+    if (lease && d.reload) {
       log_info("worker %s running %d slot%s on %s", cfg->worker_id, cfg->concurrency,
                cfg->concurrency == 1 ? "" : "s", cfg->table);
       rc = dispatch(&d);
@@ -183,12 +195,14 @@ out:
     pthread_kill(sig_thread, SIGUSR1);
     pthread_join(sig_thread, NULL);
   }
+  reload_stop(d.reload);
   while (d.done) {
     struct task *t = d.done;
     d.done = t->next;
     task_free(t);
   }
   free(h.held);
+  free(h.script_text);
   free(d.slots);
   free(d.idle);
   queue_free(d.q);
@@ -527,20 +541,28 @@ static void *slot_main(void *arg)
     while (!s->task && !d->quit)
       pthread_cond_wait(&s->cv, &h->mu);
     struct task *t = s->task;
-    unsigned generation = d->generation;
+    unsigned generation = h->generation;
+    char *text = NULL;
+    size_t len = h->script_len;
+    /* Between tasks: a hot swap, or a fresh state after an out-of-memory error. */
+    if (t && (generation != s->generation || script_broken(s->script))) {
+      text = malloc(len);
+      if (text)
+        memcpy(text, h->script_text, len);
+    }
     pthread_mutex_unlock(&h->mu);
     if (!t)
       break;
-    /* Between tasks: a hot swap, or a fresh state after an out-of-memory error. */
-    if (generation != s->generation || script_broken(s->script)) {
-      struct script *fresh = script_load(h->cfg->script_path, &h->sh, err, sizeof err);
+    if (text) {
+      struct script *fresh = script_load_text(h->cfg->script_path, text, len, &h->sh, err,
+                                              sizeof err);
+      free(text);
       if (fresh) {
-        if (strcmp(script_version(fresh), script_version(s->script)) != 0)
-          log_info("slot %d now runs version %s", s->index, script_version(fresh));
+        log_debug("slot %d now runs version %s", s->index, script_version(fresh));
         script_free(s->script);
         s->script = fresh;
-      } else if (s->index == 0) {
-        log_error("reload refused, keeping version %s: %s", script_version(s->script), err);
+      } else {
+        log_warn("slot %d keeps version %s: %s", s->index, script_version(s->script), err);
       }
       s->generation = generation;
     }
@@ -572,8 +594,8 @@ static void *signal_main(void *arg)
       return NULL;
     pthread_mutex_lock(&d->h->mu);
     if (sig == SIGHUP) {
-      d->generation++;
-      log_info("SIGHUP: slots load the script again between tasks");
+      if (d->reload)
+        reload_request(d->reload);
     } else if (++d->signals == 1) {
       d->h->draining = 1;
       log_info("%s: draining (a second signal stops at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");

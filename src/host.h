@@ -35,6 +35,8 @@ struct host_config {
   int db_pool;                  /* connections for leash.db.query */
   size_t lua_memory;            /* bytes per slot, 0 = none */
   struct queue_scope scope;
+  const char *const *lua_path;  /* extra folders for require, searched after the script's */
+  int nlua_path;
 };
 
 /* Runs until drained (signal) or, with until_empty, until the scope has settled.

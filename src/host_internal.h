@@ -26,6 +26,10 @@ struct host {
   int nheld, capheld;
   int wake;                     /* a NOTIFY or reap made work runnable */
   int draining;                 /* no more claims */
+  unsigned generation;          /* bumped with each new script text (reload.c) */
+  char *script_text;            /* the script's text of that generation: slots load this, */
+  size_t script_len;            /* not the file, which may have changed since the probe */
+  char version[17];             /* the version loaded at start */
 };
 
 /* Marks t's lease lost (once), logs why, and wakes sleeping scripts. Call with mu held. */

@@ -50,9 +50,24 @@ static const char modules_key = 'M';
 struct script *script_load(const char *path, const struct script_host *host, char *err,
                            size_t errlen)
 {
-  struct script *s = calloc(1, sizeof *s);
   size_t len = 0;
-  char *text = NULL;
+  char *text = read_file(path, &len, err, errlen);
+  if (!text)
+    return NULL;
+  struct script *s = script_load_text(path, text, len, host, err, errlen);
+  free(text);
+  return s;
+}
+
+char *script_read_file(const char *path, size_t *len, char *err, size_t errlen)
+{
+  return read_file(path, len, err, errlen);
+}
+
+struct script *script_load_text(const char *path, const char *text, size_t len,
+                                const struct script_host *host, char *err, size_t errlen)
+{
+  struct script *s = calloc(1, sizeof *s);
   if (!s) {
     snprintf(err, errlen, "out of memory");
     return NULL;
@@ -60,8 +75,6 @@ struct script *script_load(const char *path, const struct script_host *host, cha
   s->host = host;
   s->handle_ref = LUA_NOREF;
   s->mem_limit = host->memory_limit;
-  if (!(text = read_file(path, &len, err, errlen)))
-    goto fail;
   uint64_t h = 1469598103934665603ULL;   /* FNV-1a: a version name, not a security hash */
   for (size_t i = 0; i < len; i++)
     h = (h ^ (unsigned char)text[i]) * 1099511628211ULL;
@@ -85,7 +98,7 @@ struct script *script_load(const char *path, const struct script_host *host, cha
   lua_sethook(s->L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
   lua_pushcfunction(s->L, msg_handler);
   lua_pushcfunction(s->L, load_protected);
-  lua_pushlightuserdata(s->L, text);
+  lua_pushlightuserdata(s->L, (void *)text);
   lua_pushinteger(s->L, (lua_Integer)len);
   lua_pushstring(s->L, path);
   int rc = lua_pcall(s->L, 3, 1, 1);
@@ -99,10 +112,8 @@ struct script *script_load(const char *path, const struct script_host *host, cha
   }
   s->handle_ref = luaL_ref(s->L, LUA_REGISTRYINDEX);
   lua_settop(s->L, 0);
-  free(text);
   return s;
 fail:
-  free(text);
   script_free(s);
   return NULL;
 }
@@ -413,20 +424,27 @@ static int l_require(lua_State *L)
   } else {
     if (strstr(name, "..") || name[0] == '/' || name[0] == '.')
       return luaL_error(L, "require: bad module name '%s'", name);
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    luaL_addstring(&b, s->dir);
-    luaL_addchar(&b, '/');
-    for (const char *p = name; *p; p++)
-      luaL_addchar(&b, *p == '.' ? '/' : *p);
-    luaL_addstring(&b, ".lua");
-    luaL_pushresult(&b);
-    const char *path = lua_tostring(L, -1);
-    char err[512];
+    char err[512] = "", *text = NULL;
+    const char *path = NULL;
     size_t len;
-    char *text = read_file(path, &len, err, sizeof err);
+    /* The script's folder first, then each --lua-path folder. */
+    for (int i = -1; i < s->host->nlua_path && !text; i++) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      luaL_addstring(&b, i < 0 ? s->dir : s->host->lua_path[i]);
+      luaL_addchar(&b, '/');
+      for (const char *p = name; *p; p++)
+        luaL_addchar(&b, *p == '.' ? '/' : *p);
+      luaL_addstring(&b, ".lua");
+      luaL_pushresult(&b);
+      path = lua_tostring(L, -1);
+      text = read_file(path, &len, err, sizeof err);
+      if (!text)
+        lua_pop(L, 1);
+    }
     if (!text)
-      return luaL_error(L, "require: module '%s' not found (%s)", name, err);
+      return luaL_error(L, "require: module '%s' not found in the script's folder%s",
+                        name, s->host->nlua_path ? " or --lua-path" : "");
     lua_pushfstring(L, "@%s", path);
     int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
     free(text);

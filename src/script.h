@@ -30,6 +30,8 @@ struct script_host {
   pthread_cond_t *wake_cv;      /* (initialised with CLOCK_MONOTONIC) */
   double task_timeout;          /* seconds; 0 = none */
   size_t memory_limit;          /* bytes per state; 0 = none */
+  const char *const *lua_path;  /* folders require searches after the script's own */
+  int nlua_path;
 };
 
 struct script;
@@ -38,6 +40,11 @@ struct script;
    handle function and optional setup, which runs once). NULL with the Lua error in err. */
 struct script *script_load(const char *path, const struct script_host *host, char *err,
                            size_t errlen);
+/* The same from text already read (path names the chunk and the folder for require). */
+struct script *script_load_text(const char *path, const char *text, size_t len,
+                                const struct script_host *host, char *err, size_t errlen);
+/* Reads a whole file; malloc'd, NULL with err. */
+char *script_read_file(const char *path, size_t *len, char *err, size_t errlen);
 void script_free(struct script *s);
 
 /* Runs handle(task) and fills t->kind, error, delay, result, duration. */

@@ -1,0 +1,161 @@
+/* reload: inotify watcher and the reload probe. See reload.h. */
+#include "reload.h"
+
+#include "host_internal.h"
+#include "log.h"
+#include "script.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#define COALESCE_S 0.2
+
+struct reload {
+  struct host *h;
+  pthread_t thread;
+  int inotify_fd;
+  int pipe_fd[2];               /* 'r' = reload now (SIGHUP), 'q' = quit */
+  char version[17];             /* of the last version that loaded */
+};
+
+static void *reload_main(void *arg);
+static void watch_folder(struct reload *r, const char *path);
+static void try_reload(struct reload *r, const char *why);
+
+struct reload *reload_start(struct host *h)
+{
+  struct reload *r = calloc(1, sizeof *r);
+  if (!r)
+    return NULL;
+  r->h = h;
+  r->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (r->inotify_fd < 0 || pipe(r->pipe_fd) != 0) {
+    log_error("hot swap: cannot watch files: %m");
+    if (r->inotify_fd >= 0)
+      close(r->inotify_fd);
+    free(r);
+    return NULL;
+  }
+  fcntl(r->pipe_fd[1], F_SETFL, O_NONBLOCK);
+  char dir[PATH_MAX];
+  const char *slash = strrchr(h->cfg->script_path, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - h->cfg->script_path) : 1,
+           slash ? h->cfg->script_path : ".");
+  watch_folder(r, dir[0] ? dir : "/");
+  for (int i = 0; i < h->cfg->nlua_path; i++)
+    watch_folder(r, h->cfg->lua_path[i]);
+  snprintf(r->version, sizeof r->version, "%s", h->version);
+  if (pthread_create(&r->thread, NULL, reload_main, r) != 0) {
+    log_error("hot swap: cannot start the watcher thread");
+    close(r->inotify_fd);
+    close(r->pipe_fd[0]);
+    close(r->pipe_fd[1]);
+    free(r);
+    return NULL;
+  }
+  return r;
+}
+
+void reload_request(struct reload *r)
+{
+  ssize_t w = write(r->pipe_fd[1], "r", 1);
+  (void)w;
+}
+
+void reload_stop(struct reload *r)
+{
+  if (!r)
+    return;
+  ssize_t w = write(r->pipe_fd[1], "q", 1);
+  (void)w;
+  pthread_join(r->thread, NULL);
+  close(r->inotify_fd);
+  close(r->pipe_fd[0]);
+  close(r->pipe_fd[1]);
+  free(r);
+}
+
+static void watch_folder(struct reload *r, const char *path)
+{
+  if (inotify_add_watch(r->inotify_fd, path,
+                        IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM) < 0)
+    log_warn("hot swap: cannot watch %s: %m (SIGHUP still reloads)", path);
+}
+
+static void *reload_main(void *arg)
+{
+  struct reload *r = arg;
+  double due = 0;   /* when the coalesced file changes are acted on; 0 = none pending */
+  for (;;) {
+    int wait_ms = -1;
+    if (due > 0) {
+      double left = due - task_now();
+      wait_ms = left > 0 ? (int)(left * 1000) + 1 : 0;
+    }
+    struct pollfd fds[2] = { { r->pipe_fd[0], POLLIN, 0 }, { r->inotify_fd, POLLIN, 0 } };
+    if (poll(fds, 2, wait_ms) < 0 && errno != EINTR)
+      log_warn("hot swap: poll: %m");
+    if (fds[0].revents & POLLIN) {
+      char c;
+      while (read(r->pipe_fd[0], &c, 1) == 1) {
+        if (c == 'q')
+          return NULL;
+        try_reload(r, "SIGHUP");
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
+      ssize_t n;
+      while ((n = read(r->inotify_fd, buf, sizeof buf)) > 0) {
+        for (char *p = buf; p < buf + n;) {
+          struct inotify_event *ev = (struct inotify_event *)p;
+          size_t len = ev->len ? strlen(ev->name) : 0;
+          /* Only Lua files count; editors' swap and backup files do not. */
+          if (len > 4 && strcmp(ev->name + len - 4, ".lua") == 0)
+            due = task_now() + COALESCE_S;
+          p += sizeof *ev + ev->len;
+        }
+      }
+    }
+    if (due > 0 && task_now() >= due) {
+      due = 0;
+      try_reload(r, "file change");
+    }
+  }
+}
+
+/* Loads the new version once; only a version that loads reaches the slots. */
+static void try_reload(struct reload *r, const char *why)
+{
+  struct host *h = r->h;
+  char err[DB_ERR_MAX];
+  size_t len = 0;
+  char *text = script_read_file(h->cfg->script_path, &len, err, sizeof err);
+  struct script *probe = text ? script_load_text(h->cfg->script_path, text, len, &h->sh, err,
+                                                 sizeof err) : NULL;
+  if (!probe) {
+    log_error("hot swap (%s) refused, slots keep version %s: %s", why, r->version, err);
+    free(text);
+    return;
+  }
+  int changed = strcmp(script_version(probe), r->version) != 0;
+  snprintf(r->version, sizeof r->version, "%s", script_version(probe));
+  script_free(probe);
+  /* A SIGHUP reloads even an unchanged script (setup runs again, sibling modules may have
+     changed); a file event that left the script's bytes alone still reloads for siblings. */
+  pthread_mutex_lock(&h->mu);
+  free(h->script_text);
+  h->script_text = text;
+  h->script_len = len;
+  h->generation++;
+  pthread_mutex_unlock(&h->mu);
+  log_info("hot swap (%s): slots load version %s between tasks%s", why, r->version,
+           changed ? "" : " (script unchanged; modules reloaded)");
+}
