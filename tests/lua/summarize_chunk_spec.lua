@@ -40,3 +40,33 @@ describe("leash.testing", function()
     assert.equal("dead", out.status)
   end)
 end)
+
+describe("leash.testing fakes", function()
+  it("answers http from registered handlers and keeps steps across runs", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local path = dir .. ".lua"
+    local f = assert(io.open(path, "w"))
+    f:write([[
+      local leash = require "leash"
+      return function(task)
+        local r = leash.step("ask", function()
+          local resp = leash.http.request{ url = "http://llm.local/v1", body = "q" }
+          return { status = resp.status, body = resp.body }
+        end)
+        if task.attempt == 1 then return leash.retry("try again") end
+        leash.enqueue{ payload = { from = task.id } }
+        return leash.ok(r)
+      end]])
+    f:close()
+    local h = testing.load(path)
+    h.http:on("llm.local", function() return { status = 200, body = "answer" } end)
+    assert.equal("retry", h:run({ payload = {}, attempt = 1 }).status)
+    local out = h:run({ payload = {}, attempt = 2 })
+    os.remove(path)
+    assert.equal("done", out.status)
+    assert.equal("answer", out.result.body)
+    assert.equal(1, #h.http.calls)        -- the step ran once across two attempts
+    assert.equal(1, #h.enqueued)
+  end)
+end)

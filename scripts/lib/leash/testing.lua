@@ -69,6 +69,34 @@ local function new_fake(h)
       error("leash.db.query: no fake answer registered for: " .. sql, 2)
     end,
   }
+  leash.http = {
+    request = function(req)
+      assert(type(req) == "table" and type(req.url) == "string", "bad argument #1 to 'request' (url is required)")
+      if h.lease_lost then error("leash.http.request: lease lost: request aborted", 2) end
+      h.http.calls[#h.http.calls + 1] = req
+      for _, handler in ipairs(h.http.handlers) do
+        if req.url:find(handler.pattern, 1, true) then
+          local resp = handler.fn(req)
+          resp.headers = resp.headers or {}
+          resp.body = resp.body or ""
+          return resp
+        end
+      end
+      error("leash.http.request: no fake answer registered for " .. req.url, 2)
+    end,
+  }
+  -- Steps persist in h.steps across h:run calls, as they do across attempts.
+  function leash.step(name, fn)
+    if h.steps[name] ~= nil then return h.steps[name].value end
+    local v = fn()
+    h.steps[name] = { value = v }
+    return v
+  end
+  function leash.enqueue(child)
+    assert(type(child) == "table" and child.payload ~= nil, "bad argument #1 to 'enqueue' (payload is required)")
+    h.enqueued[#h.enqueued + 1] = child
+    return 1000 + #h.enqueued
+  end
   leash.log = {}
   for _, level in ipairs({ "debug", "info", "warn", "error" }) do
     leash.log[level] = function(msg, fields)
@@ -93,10 +121,13 @@ local function outcome(ok, a, b)
 end
 
 --- Loads a task script with the fake leash module. Returns a harness h with
---- h.db (calls, on), h.logs, h.clock (seconds, settable), h.slept, h:run(task).
+--- h.db and h.http (calls, on(pattern, fn)), h.steps (stored step results, kept across
+--- runs like attempts), h.enqueued (child tasks), h.logs, h.clock (settable), h.slept,
+--- h.lease_lost (set it to make side effects raise), and h:run(task).
 function testing.load(path)
-  local h = { logs = {}, clock = 1700000000, slept = 0, lease_lost = false }
+  local h = { logs = {}, clock = 1700000000, slept = 0, lease_lost = false, steps = {}, enqueued = {} }
   h.db = new_db()
+  h.http = new_db()   -- same shape: calls, on(pattern, fn); fn(req) returns {status, headers, body}
   h.leash = new_fake(h)
   local dir = path:match("^(.*)/[^/]*$") or "."
   local env = setmetatable({}, { __index = _G })
