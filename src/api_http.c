@@ -196,7 +196,7 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
 {
   (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
   struct http_call *call = ud;
-  if (call->task && atomic_load(&call->task->lost))
+  if (call->task && !task_lease_alive(call->task))
     call->aborted = "lease lost: request aborted";
   else if (atomic_load(call->stopping))
     call->aborted = "worker stopping: request aborted";

@@ -171,7 +171,7 @@ static int l_sleep(lua_State *L)
   int over = 0;
   pthread_mutex_lock(h->wake_mu);
   for (;;) {
-    if ((t && atomic_load(&t->lost)) || atomic_load(h->stopping))
+    if ((t && !task_lease_alive(t)) || atomic_load(h->stopping))
       break;
     double now = task_now();
     if (script_time_left(s) <= 0) {
@@ -183,6 +183,8 @@ static int l_sleep(lua_State *L)
     double until = end;
     if (now + script_time_left(s) < until)
       until = now + script_time_left(s);
+    if (t && atomic_load(&t->lease_deadline) < until)
+      until = atomic_load(&t->lease_deadline);   /* wake to notice a lease running out */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double wait = until - now;
@@ -300,6 +302,12 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
   PGconn *c = dbpool_get(h->pool, err, sizeof err);
   if (!c)
     luaL_error(L, "%s: %s", what, err);
+  /* The wait for a connection may have outlived the lease. */
+  struct task *t = script_task(script_of(L));
+  if (t && !task_lease_alive(t)) {
+    dbpool_put(h->pool, c);
+    luaL_error(L, "%s: lease lost: the task's side effects are stopped", what);
+  }
   *box = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   ExecStatusType st = *box ? PQresultStatus(*box) : PGRES_FATAL_ERROR;
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {

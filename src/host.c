@@ -44,6 +44,7 @@ struct dispatcher {
   struct queue *q;
   struct reload *reload;
   double backoff;
+  double drain_deadline;            /* monotonic; 0 until draining */
   long claimed, done_count, retried, dead, lost, late;
 };
 
@@ -53,6 +54,7 @@ static int dispatch(struct dispatcher *d);
 static int ensure_connection(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static void settle(struct dispatcher *d, struct task *list);
+static int must_give_up(struct dispatcher *d);
 static void settle_one_by_one(struct dispatcher *d, struct task *list);
 static void finish_task(struct dispatcher *d, struct task *t, int applied);
 static int claim(struct dispatcher *d, int n);
@@ -242,7 +244,7 @@ static int dispatch(struct dispatcher *d)
 {
   struct host *h = d->h;
   const struct host_config *cfg = h->cfg;
-  double next_poll = 0, drain_deadline = 0, next_empty_check = 0;
+  double next_poll = 0, next_empty_check = 0;
   int more = 1;   /* the last claim was full: more work is likely waiting */
   int released = 0;
 
@@ -262,14 +264,14 @@ static int dispatch(struct dispatcher *d)
       continue;
     }
     if (draining) {
-      if (drain_deadline == 0) {
-        drain_deadline = now + cfg->drain_timeout;
+      if (d->drain_deadline == 0) {
+        d->drain_deadline = now + cfg->drain_timeout;
         log_info("draining: %d task%s running, up to %.0f s", nheld, nheld == 1 ? "" : "s",
                  cfg->drain_timeout);
       }
       if (nheld == 0)
         return 0;
-      if (now >= drain_deadline && !released) {
+      if (now >= d->drain_deadline && !released) {
         release_running(d);
         released = 1;
         continue;
@@ -299,7 +301,7 @@ static int dispatch(struct dispatcher *d)
     /* Nothing to do right now: wait for a slot to finish, a wake-up or the next deadline. */
     double until = next_poll;
     if (draining)
-      until = released ? now + 0.1 : drain_deadline;
+      until = released ? now + 0.1 : d->drain_deadline;
     pthread_mutex_lock(&h->mu);
     if (!d->done && !h->wake && h->draining == draining && (d->nidle == idle || draining)) {
       struct timespec ts;
@@ -385,12 +387,14 @@ static void settle(struct dispatcher *d, struct task *list)
     struct task *t = list;
     list = t->next;
     t->next = NULL;
-    pthread_mutex_lock(&d->h->mu);   /* the lease thread moves lease_deadline */
-    if (now >= t->lease_deadline)
+    if (now >= atomic_load(&t->lease_deadline)) {
+      pthread_mutex_lock(&d->h->mu);
       host_lose_lease(d->h, t, "lease ran out before the outcome could be written");
-    pthread_mutex_unlock(&d->h->mu);
+      pthread_mutex_unlock(&d->h->mu);
+    }
     if (atomic_load(&t->lost)) {
       d->lost++;
+      log_task(LOG_INFO, d->h, t, "outcome discarded: the lease was lost");
       finish_task(d, t, -1);
       continue;
     }
@@ -402,9 +406,13 @@ static void settle(struct dispatcher *d, struct task *list)
     return;
   char *applied = malloc((size_t)n);
   char err[DB_ERR_MAX];
+  /* A database that is away comes back (restart, failover): keep the outcomes and retry
+     with backoff, unless the worker must stop. Their leases are still being renewed. */
   for (;;) {
-    if (!applied || !ensure_connection(d))
+    if (!applied || must_give_up(d))
       break;
+    if (!ensure_connection(d))
+      continue;
     if (queue_settle(d->q, d->conn, keep, n, applied, err, sizeof err) == 0) {
       int i = 0;
       while (keep) {
@@ -423,8 +431,6 @@ static void settle(struct dispatcher *d, struct task *list)
       return;
     }
     connection_failed(d, "settle", err);
-    if (atomic_load(&d->h->stopping))
-      break;
   }
   /* Could not write (no memory, or stopping with the database away): leases expire and
      the tasks run again elsewhere. */
@@ -435,6 +441,20 @@ static void settle(struct dispatcher *d, struct task *list)
     log_task(LOG_WARN, d->h, t, "outcome not written; the task will run again after its lease expires");
     finish_task(d, t, -1);
   }
+}
+
+/* 1 once waiting for the database is no longer allowed: stopping now, or draining past
+   the drain deadline. */
+static int must_give_up(struct dispatcher *d)
+{
+  if (atomic_load(&d->h->stopping))
+    return 1;
+  pthread_mutex_lock(&d->h->mu);
+  int draining = d->h->draining;
+  pthread_mutex_unlock(&d->h->mu);
+  if (draining && d->drain_deadline == 0)
+    d->drain_deadline = task_now() + d->h->cfg->drain_timeout;
+  return draining && task_now() >= d->drain_deadline;
 }
 
 static void settle_one_by_one(struct dispatcher *d, struct task *list)
@@ -569,6 +589,7 @@ static void *slot_main(void *arg)
     script_run(s->script, t);
     pthread_mutex_lock(&h->mu);
     s->task = NULL;
+    t->finished = 1;
     *d->done_tail = t;
     d->done_tail = &t->next;
     d->idle[d->nidle++] = s;

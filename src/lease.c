@@ -185,9 +185,11 @@ static void heartbeat(struct lease *l)
           if (ids[j] != t->id || attempts[j] != t->attempt)
             continue;
           if (renewed[j])
-            t->lease_deadline = sent + h->cfg->visibility;
-          else
+            atomic_store(&t->lease_deadline, sent + h->cfg->visibility);
+          else if (!t->finished)
             host_lose_lease(h, t, "heartbeat found the row no longer leased to this worker");
+          /* A finished task's row may just have been settled by the dispatcher; if the lease
+             was really taken, the fenced settle rejects the outcome and says so. */
         }
       }
       pthread_mutex_unlock(&h->mu);
@@ -208,7 +210,7 @@ static void expire_locally(struct host *h)
   double now = task_now();
   pthread_mutex_lock(&h->mu);
   for (int i = 0; i < h->nheld; i++)
-    if (now >= h->held[i]->lease_deadline)
+    if (now >= atomic_load(&h->held[i]->lease_deadline))
       host_lose_lease(h, h->held[i], "lease ran out before a renewal succeeded");
   pthread_mutex_unlock(&h->mu);
 }

@@ -355,7 +355,7 @@ static struct task *task_from_row(PGresult *r, int i, double now, double visibil
   t->batch = PQgetisnull(r, i, 5) ? NULL : strdup(PQgetvalue(r, i, 5));
   t->payload = strdup(PQgetvalue(r, i, 6));
   t->claimed_at = now;
-  t->lease_deadline = now + visibility;
+  atomic_init(&t->lease_deadline, now + visibility);
   t->delay = -1;
   atomic_init(&t->lost, 0);
   if (!t->tenant_id || !t->shard_key || !t->payload || (!PQgetisnull(r, i, 5) && !t->batch)) {

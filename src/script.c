@@ -162,7 +162,7 @@ void script_check_live(lua_State *L, const char *what)
   struct script *s = script_of(L);
   if (!s->current)
     luaL_error(L, "%s: only available while a task runs", what);
-  if (atomic_load(&s->current->lost))
+  if (!task_lease_alive(s->current))
     luaL_error(L, "%s: lease lost: the task's side effects are stopped", what);
   if (atomic_load(s->host->stopping))
     luaL_error(L, "%s: the worker is stopping", what);
@@ -297,7 +297,7 @@ static int l_task_lease_lost(lua_State *L)
 {
   struct script *s = script_of(L);
   lua_Integer id = lua_tointeger(L, lua_upvalueindex(1));
-  int lost = !s->current || s->current->id != id || atomic_load(&s->current->lost);
+  int lost = !s->current || s->current->id != id || !task_lease_alive(s->current);
   lua_pushboolean(L, lost);
   return 1;
 }
@@ -516,7 +516,7 @@ static void deadline_hook(lua_State *L, lua_Debug *ar)
   const char *why = NULL;
   if (s->deadline > 0 && task_now() > s->deadline)
     why = s->current ? "task timed out (--task-timeout)" : "script took too long to load";
-  else if (s->current && atomic_load(&s->current->lost))
+  else if (s->current && !task_lease_alive(s->current))
     why = "lease lost";
   else if (atomic_load(s->host->stopping))
     why = "worker stopping";

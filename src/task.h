@@ -24,8 +24,11 @@ struct task {
   char *batch;            /* NULL when the row has none */
   char *payload;          /* JSON text */
   double claimed_at;      /* monotonic seconds */
-  double lease_deadline;  /* monotonic: past it, with no renewal, the lease counts as lost */
-  atomic_int lost;        /* set by the lease thread (or drain); never cleared */
+  /* Monotonic: past it, with no renewal, the lease counts as lost. Moved by the lease
+     thread, read by the slot before every side effect: atomic. */
+  _Atomic double lease_deadline;
+  atomic_int lost;        /* set by the lease thread, a slot or drain; never cleared */
+  int finished;           /* the script is done and the outcome awaits settle (under mu) */
 
   /* Filled by the slot after the script ran. */
   enum outcome_kind kind;
@@ -38,6 +41,10 @@ struct task {
 };
 
 void task_free(struct task *t);
+
+/* 1 while the lease may still be ours: not marked lost and not past its deadline (a
+   process frozen past its lease must not go on writing before the lease thread notices). */
+int task_lease_alive(struct task *t);
 
 /* Monotonic clock in seconds. */
 double task_now(void);

@@ -34,6 +34,7 @@ static struct task *new_task(const char *payload)
   t->payload = strdup(payload);
   t->delay = -1;
   atomic_init(&t->lost, 0);
+  atomic_init(&t->lease_deadline, task_now() + 3600);
   return t;
 }
 

@@ -2,9 +2,11 @@
 # Helpers shared by tests/integration/run.sh and run_slow.sh (`leash run` end to end).
 # Not an area of its own: sourced after tests/lib.sh.
 
+# shellcheck disable=SC2034 # used by the area scripts
 FIX=$LEASH_SRC/tests/fixtures/run
 declare -gA W_PID=()
 
+# shellcheck disable=SC2120 # SUFFIX is optional
 # run_setup [SUFFIX]: a fresh migrated database with the tables the fixtures write:
 #   execs       one row per execution (server clock: started on insert, finished at the end)
 #   after_rows  one row per execution that got past its sleep/busy part with payload.after
@@ -33,7 +35,18 @@ start_worker() {
   shift 2
   "$LEASH" run "$script" --worker-id "$name" "$@" >"$T_TMP/$name.out" 2>"$T_TMP/$name.log" &
   W_PID[$name]=$!
+  t_on_exit _show_log_on_failure "$name"
   t_on_exit t_kill "$!"
+}
+
+# Clean-up: a failed test (or any, with LEASH_TEST_SHOW_LOGS=1) shows the worker's log, its
+# last 40 lines. Clean-ups run inside lib.sh's exit handler, whose local `rc` is the test's
+# exit status (when unknown, the log is shown).
+_show_log_on_failure() {
+  [[ ${rc:-1} != 0 || ${LEASH_TEST_SHOW_LOGS:-} == 1 ]] || return 0
+  [[ -s $T_TMP/$1.log ]] || return 0
+  _t_tail "log of worker $1" "$T_TMP/$1.log" >&2
+  echo >&2
 }
 
 # exited PID: true once PID is gone or a zombie (kill -0 succeeds on zombies).
@@ -72,4 +85,16 @@ assert_worker_exit() {
 status_counts() {
   q "select coalesce(string_agg(status || '=' || n, ' ' order by status), '(empty)')
        from (select status, count(*) n from agent_work_queue group by status) s"
+}
+
+# assert_no_sanitizer_reports: fails when a worker's log holds a sanitizer report (workers
+# that a case stops itself would otherwise hide one; under TSan, halt_on_error exits 66).
+assert_no_sanitizer_reports() {
+  local f pat='WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:'
+  for f in "$T_TMP"/*.log; do
+    [[ -e $f ]] || continue
+    if grep -qE "$pat" "$f"; then
+      fail "sanitizer report in the log of worker $(basename "$f" .log):"$'\n'"$(grep -E -A40 -m1 "$pat" "$f")"
+    fi
+  done
 }
