@@ -124,7 +124,9 @@ int host_run(const struct host_config *cfg)
   }
   h.sh.sql = &script_sql;
   h.sh.table = h.table.qualified;
-  h.sh.pool = dbpool_new(cfg->conninfo, cfg->db_pool, 0);
+  /* A script's query cannot outlive --task-timeout (the count hook cannot stop C code). */
+  h.sh.pool = dbpool_new(cfg->conninfo, cfg->db_pool,
+                         cfg->task_timeout > 0 ? (int)ceil(cfg->task_timeout * 1000) : 0);
   d.slots = calloc((size_t)cfg->concurrency, sizeof *d.slots);
   d.idle = calloc((size_t)cfg->concurrency, sizeof *d.idle);
   if (!d.q || !h.sh.pool || !d.slots || !d.idle) {
