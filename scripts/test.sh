@@ -90,14 +90,14 @@ count_tests() {
 
 stage_ctest() {
   build_tree build -DLEASH_ASAN=OFF -DLEASH_TSAN=OFF || { STAGE_NOTE="build failed"; return 1; }
-  ctest --test-dir build --output-on-failure -j"$JOBS" --no-tests=error
+  ctest --test-dir build -LE valgrind --output-on-failure -j"$JOBS" --no-tests=error
 }
 
 stage_asan() {
   build_tree build-asan -DLEASH_ASAN=ON -DLEASH_TSAN=OFF || { STAGE_NOTE="build failed"; return 1; }
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "${NORAND[@]}" ctest --test-dir build-asan --output-on-failure -j"$JOBS" --no-tests=error
+    "${NORAND[@]}" ctest --test-dir build-asan -LE valgrind --output-on-failure -j"$JOBS" --no-tests=error
 }
 
 stage_tsan() {
@@ -118,7 +118,7 @@ stage_busted() {
 # Valgrind: memcheck over the tests labelled "valgrind" (they read LEASH_VALGRIND=1 and
 # wrap the binary in valgrind themselves). Runs only once some test carries the label.
 stage_valgrind() {
-  LEASH_VALGRIND=1 ctest --test-dir build -L valgrind --output-on-failure --no-tests=ignore
+  ctest --test-dir build -L valgrind --output-on-failure -j"$JOBS" --no-tests=ignore
 }
 
 # ------------------------------------------------------------------ stages

@@ -21,6 +21,19 @@ set -Eeuo pipefail
 
 LEASH_SRC=${LEASH_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 LEASH=${LEASH_BIN:-$LEASH_SRC/build/leash}
+# LEASH_VALGRIND=1 (the "valgrind" ctest label): every leash the test starts runs under
+# memcheck; a leak or memory error makes that leash exit 99, which the test sees as a failure.
+if [[ ${LEASH_VALGRIND:-0} == 1 && $LEASH != *leash-vg* ]]; then
+  _vg_wrapper=$(mktemp /tmp/leash-vg.XXXXXX)
+  cat >"$_vg_wrapper" <<VG
+#!/bin/sh
+exec valgrind --quiet --leak-check=full --show-leak-kinds=definite,indirect \
+  --errors-for-leak-kinds=definite,indirect --error-exitcode=99 \
+  --suppressions="$LEASH_SRC/tests/valgrind.supp" "$LEASH" "\$@"
+VG
+  chmod +x "$_vg_wrapper"
+  LEASH=$_vg_wrapper
+fi
 export LEASH_SRC LEASH
 
 T_AREA=$(basename "$0" .sh)
@@ -69,6 +82,7 @@ _t_exit() {
   return "$rc"
 }
 trap _t_exit EXIT
+[[ -z ${_vg_wrapper:-} ]] || t_on_exit rm -f "$_vg_wrapper"
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
