@@ -46,7 +46,7 @@ done | $LEASH enqueue --file - --batch "$BATCH" --tenant demo
 
 printf '\n==> two workers, 8 slots each, until the batch has settled\n'
 for w in 1 2; do
-  $LEASH run scripts/summarize_chunk.lua --concurrency 8 --batch "$BATCH" --until-empty \
+  $LEASH run scripts/summarize_chunks.lua --concurrency 8 --batch "$BATCH" --until-empty \
     --worker-id "demo-worker-$w" --log-level warn &
   pids+=($!)
 done

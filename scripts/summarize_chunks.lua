@@ -1,11 +1,40 @@
--- Sample task script: "summarises" one chunk of a document and stores the summary.
--- A stand-in for an LLM call (the Kubernetes-night version with a mock LLM endpoint is
--- scripts/grade_ticket.lua's job); it shows the contract: payload in, side effects through
--- leash.db.query, an outcome out. Chunks of one document share a shard_key, so they are
--- summarised one at a time, in order.
-local leash = require "leash"
+--[[ summarize_chunks.lua — map/reduce summaries of long documents, one chunk per task.
 
-local function summarise(text, words)
+Map task payload:    { "doc": "doc-7", "chunk": 3, "text": "…", "chunks": 6,
+                       "llm_url": "http://127.0.0.1:8089/v1/chat/completions" }
+                     enqueued with shard_key = doc; chunks and llm_url are optional
+Reduce task payload: { "doc": "doc-7", "reduce": true, "chunks": 6 }   (enqueued by a map task)
+Writes:  chunk_summaries (doc text, chunk int, summary text, worker text, PRIMARY KEY (doc, chunk))
+         doc_summaries   (doc text PRIMARY KEY, summary text NOT NULL, chunks int NOT NULL,
+                          updated_at timestamptz NOT NULL DEFAULT now())
+
+    printf '{"payload":{"doc":"d1","chunk":%d,"text":"…","chunks":6},"shard_key":"d1"}\n' 1 2 3 4 5 6 \
+      | leash enqueue --file -
+    leash run scripts/summarize_chunks.lua --until-empty
+
+Map: summarises its chunk — with the LLM endpoint inside leash.step("summary") when
+payload.llm_url is set (so a retry does not pay twice), else with a deterministic local
+stand-in (the first eight words; chunk numbers ending in 3 then fail their first attempt, a
+simulated flaky upstream) — and upserts it into chunk_summaries. When payload.chunks is set,
+it then counts the document's stored chunk summaries in one query; the map task that finds
+all of them there enqueues the reduce task, inside leash.step("reduce"), so a retry of that
+map task does not enqueue it twice.
+
+Reduce: concatenates the chunk summaries in chunk order (one per line) into doc_summaries
+(an upsert). It runs after the last map task has finished: it has the same shard key, and
+tasks of one shard never run at the same time.
+
+Outcomes: done (map: {words = n [, reduce_task = id]}, reduce: {chunks = n}); retry on
+endpoint failures (429 with Retry-After, 5xx, non-JSON answers; lib/llm.lua) and the
+simulated flaky chunk; dead for a bad payload, an endpoint that refuses the request (4xx)
+or a model that still answers without a summary on the 3rd attempt.
+]]
+local leash = require "leash"
+local llm = require "lib.llm"
+
+local UNUSABLE_LIMIT = 3
+
+local function first_words(text, words)
   local out = {}
   for w in text:gmatch("%S+") do
     out[#out + 1] = w
@@ -14,26 +43,107 @@ local function summarise(text, words)
   return table.concat(out, " ") .. (#out == words and " …" or "")
 end
 
-return {
-  setup = function()
-    -- Runs once per slot when the script loads (or reloads): a place for constants.
-  end,
+local function is_count(n) return math.type(n) == "integer" and n >= 1 end
 
+-- The chunk's summary, or nil and the outcome to return.
+local function summarise(task, p)
+  if not p.llm_url then
+    if p.chunk % 10 == 3 and task.attempt == 1 then
+      return nil, leash.retry("upstream busy (simulated)", 1)
+    end
+    return first_words(p.text, 8)
+  end
+  local ok, v = llm.call(function()
+    return leash.step("summary", function()
+      local answer = llm.chat_json(p.llm_url, {
+        { role = "system", content = "Summarize the user's text in one sentence. "
+                                     .. 'Answer with a JSON object only: {"summary": "..."}' },
+        { role = "user", content = p.text },
+      }, { model = p.model })
+      if type(answer.summary) ~= "string" or answer.summary == "" then
+        error(llm.failure("malformed", "model answer has no summary"))
+      end
+      return answer.summary
+    end)
+  end)
+  if ok then return v end
+  if v.kind == "malformed" and task.attempt >= UNUSABLE_LIMIT then
+    return nil, leash.fatal("model answer unusable after " .. task.attempt .. " attempts: " .. v.message)
+  end
+  return nil, llm.outcome(v)
+end
+
+local function map(task, p)
+  if type(p.text) ~= "string" then
+    return leash.fatal("payload.text must be a string")   -- retrying cannot fix this
+  end
+  if math.type(p.chunk) ~= "integer" then return leash.fatal("payload.chunk must be an integer") end
+  if p.chunks ~= nil and not is_count(p.chunks) then
+    return leash.fatal("payload.chunks must be an integer >= 1")
+  end
+  if p.llm_url ~= nil and type(p.llm_url) ~= "string" then
+    return leash.fatal("payload.llm_url must be a string")
+  end
+  local summary, outcome = summarise(task, p)
+  if not summary then return outcome end
+
+  leash.db.query([[INSERT INTO chunk_summaries (doc, chunk, summary, worker)
+                   VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (doc, chunk) DO UPDATE
+                     SET summary = excluded.summary, worker = excluded.worker]],
+                 p.doc, p.chunk, summary, task.worker_id)
+  local result = { words = select(2, summary:gsub("%S+", "")) }
+  if p.chunks == nil then return leash.ok(result) end
+
+  -- Fan-in without a coordinator. Tasks of one (tenant, shard_key) never run at the same
+  -- time, and every map task of this document has shard_key = doc, so this count and the
+  -- INSERT above cannot interleave with another map task of the document: the task that
+  -- stores the last missing chunk is the one that sees them all, whatever order the chunks
+  -- ran in. A later re-delivery of a map task (at-least-once) may see them all again and
+  -- enqueue a second reduce; the reduce is an upsert, so that costs a little work, not
+  -- correctness. (Without the shared shard key, two map tasks could both see the full count
+  -- and both enqueue — still never none, since each counts after its own committed INSERT.)
+  if task.shard_key ~= p.doc then
+    leash.log.warn("map task's shard_key is not its doc: reduce may be enqueued twice",
+                   { doc = p.doc, shard_key = task.shard_key })
+  end
+  local rows = leash.db.query("SELECT count(*) AS stored FROM chunk_summaries WHERE doc = $1", p.doc)
+  if rows[1].stored >= p.chunks then
+    result.reduce_task = leash.step("reduce", function()
+      return leash.enqueue{ payload = { doc = p.doc, reduce = true, chunks = p.chunks },
+                            shard_key = task.shard_key }
+    end)
+  end
+  return leash.ok(result)
+end
+
+local function reduce(p)
+  if p.chunks ~= nil and not is_count(p.chunks) then
+    return leash.fatal("payload.chunks must be an integer >= 1")
+  end
+  local rows = leash.db.query(
+    "SELECT chunk, summary FROM chunk_summaries WHERE doc = $1 ORDER BY chunk", p.doc)
+  if #rows == 0 then return leash.fatal("no chunk summaries stored for " .. p.doc) end
+  if p.chunks and #rows < p.chunks then
+    -- Cannot happen when the map tasks share the doc's shard key; wait for the rest.
+    return leash.retry(("%d of %d chunk summaries stored"):format(#rows, p.chunks), 5)
+  end
+  local parts = {}
+  for i, r in ipairs(rows) do parts[i] = r.summary end
+  leash.db.query([[INSERT INTO doc_summaries (doc, summary, chunks) VALUES ($1, $2, $3)
+                   ON CONFLICT (doc) DO UPDATE
+                     SET summary = excluded.summary, chunks = excluded.chunks, updated_at = now()]],
+                 p.doc, table.concat(parts, "\n"), #rows)
+  return leash.ok({ chunks = #rows })
+end
+
+return {
   handle = function(task)
     local p = task.payload
-    if type(p.text) ~= "string" then
-      return leash.fatal("payload.text must be a string")   -- retrying cannot fix this
+    if type(p) ~= "table" or type(p.doc) ~= "string" or p.doc == "" then
+      return leash.fatal("payload.doc must be a non-empty string")
     end
-    -- A flaky dependency: the first attempt of each document's third chunk fails and is
-    -- retried a second later.
-    if p.chunk % 10 == 3 and task.attempt == 1 then
-      return leash.retry("upstream busy (simulated)", 1)
-    end
-    local summary = summarise(p.text, 8)
-    leash.db.query([[INSERT INTO chunk_summaries (doc, chunk, summary, worker)
-                     VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (doc, chunk) DO UPDATE SET summary = excluded.summary]],
-                   p.doc, p.chunk, summary, task.worker_id)
-    return leash.ok({ words = select(2, summary:gsub("%S+", "")) })
+    if p.reduce == true then return reduce(p) end
+    return map(task, p)
   end,
 }

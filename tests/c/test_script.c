@@ -189,7 +189,8 @@ static void shipped_scripts_load(void)
 {
   struct script_host h = host(0, 0);
   char err[1024];
-  static const char *const shipped[] = { SCRIPTS "/summarize_chunk.lua", NULL };
+  static const char *const shipped[] = { SCRIPTS "/summarize_chunks.lua", SCRIPTS "/grade_ticket.lua",
+                                         SCRIPTS "/backfill_embeddings.lua", NULL };
   for (const char *const *p = shipped; *p; p++) {
     struct script *s = script_load(*p, &h, err, sizeof err);
     if (!s)

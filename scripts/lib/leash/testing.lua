@@ -1,68 +1,261 @@
 --- leash.testing: run a task script's handle under plain busted, with no host and no
---- PostgreSQL. The script gets a fake `leash` module whose db, log, sleep and clock are
---- recorded and scriptable; the outcome comes back mapped exactly as the host maps it.
+--- PostgreSQL. The script gets a fake `leash` module whose db, http, steps, enqueue, log,
+--- sleep and clock are recorded and scriptable; the outcome comes back mapped exactly as
+--- the host maps it (SPEC.md, "The Lua contract").
 ---
 ---   local testing = require "leash.testing"
----   local h = testing.load("scripts/summarize_chunk.lua")
+---   local h = testing.load("scripts/summarize_chunks.lua")
 ---   h.db:on("INSERT INTO chunk_summaries", function(sql, ...) return {}, 1 end)
+---   h.http:on("POST", "/v1/chat", function(req) return { status = 200, body = "{}" } end)
 ---   local out = h:run({ payload = { doc = "d", chunk = 1, text = "a b c" } })
 ---   assert.equal("done", out.status)
 ---   assert.equal(1, #h.db.calls)
-local json = require "dkjson"
+---
+--- What the harness mirrors from the host:
+---   * the sandbox: the script and what it requires see only the globals the host allows
+---     (no io, debug, package, load, dofile, rawset, collectgarbage, os.exit…); print logs;
+---   * require "x.y" loads x/y.lua from the script's folder, then each opts.lua_path folder,
+---     once per harness (like once per slot);
+---   * outcomes: nothing/true/leash.ok → done (the result must encode as JSON); false, msg /
+---     leash.retry / a raised error / any other return value → retry; leash.fatal → dead;
+---     a retry on the last attempt (attempt >= max_attempts) → dead;
+---   * leash.json encodes by the host's rules (sorted keys, {} for an empty table,
+---     json.array for [], errors on mixed keys, holes, NaN, functions, cycles);
+---   * leash.step stores its result as JSON, fenced: a later h:run (the next attempt) gets
+---     the stored value back without calling fn; a raising fn stores nothing;
+---   * once h.lease_lost is true, db.query, http.request, step, enqueue and sleep raise.
+---
+--- Not mirrored: real SQL (a query is answered by the first handler whose pattern is a
+--- plain substring of the SQL; none → the query raises), parameter conversion (handlers get
+--- the Lua values), time limits and memory caps.
+local dkjson = require "dkjson"
 
 local testing = {}
 
-local NULL = setmetatable({}, { __tostring = function() return "leash.null" end })
-local OUTCOME = {}   -- metatable marking leash.ok/retry/fatal values
+local NULL = setmetatable({}, { __tostring = function() return "leash.null" end,
+                                __name = "leash.null" })
+local ARRAY_MT = { __name = "leash.array", __jsontype = "array" }
+local OUTCOME = { __name = "leash.outcome" }   -- marks leash.ok/retry/fatal values
+local MAX_DEPTH = 128
 
--- A fake database: answers come from handlers registered with db:on(pattern, fn); a query
--- nobody answers raises, like an unexpected statement would fail a real test.
+-- ------------------------------------------------------------------ JSON (host rules)
+local function utf8_ok(s)
+  return utf8.len(s) ~= nil
+end
+
+local function encode_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    local named = { ['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+                    ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
+    return named[c] or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function encode_value(v, path, depth, out)
+  local t = type(v)
+  if v == nil or v == NULL then
+    out[#out + 1] = "null"
+  elseif t == "boolean" then
+    out[#out + 1] = tostring(v)
+  elseif t == "number" then
+    if math.type(v) == "integer" then
+      out[#out + 1] = string.format("%d", v)
+    else
+      if v ~= v then error(path .. ": cannot encode NaN", 0) end
+      if v == math.huge then error(path .. ": cannot encode inf", 0) end
+      if v == -math.huge then error(path .. ": cannot encode -inf", 0) end
+      local s = string.format("%.17g", v)
+      if not s:find("[%.eEn]") then s = s .. ".0" end
+      out[#out + 1] = s
+    end
+  elseif t == "string" then
+    if not utf8_ok(v) then error(path .. ": invalid UTF-8 in string", 0) end
+    out[#out + 1] = encode_string(v)
+  elseif t == "table" then
+    if depth >= MAX_DEPTH then
+      error(path .. ": cannot encode tables nested deeper than " .. MAX_DEPTH
+            .. " levels (a cycle?)", 0)
+    end
+    local marked = getmetatable(v) == ARRAY_MT
+    local nint, nstr, maxkey = 0, 0, 0
+    local keys = {}
+    for k in next, v do
+      if type(k) == "string" then
+        nstr = nstr + 1
+        keys[#keys + 1] = k
+      elseif math.type(k) == "integer" and k >= 1 then
+        nint = nint + 1
+        if k > maxkey then maxkey = k end
+      else
+        error(path .. ": key " .. tostring(k) .. ": keys must be all strings or exactly 1..n", 0)
+      end
+    end
+    if marked and nstr > 0 then
+      error(path .. ": key " .. keys[1] .. ": a json.array table holds only keys 1..n", 0)
+    end
+    if nint > 0 and nstr > 0 then
+      error(path .. ": the table mixes integer and string keys", 0)
+    end
+    if nint > 0 and maxkey ~= nint then
+      error(path .. ": key " .. maxkey .. ": keys must be exactly 1..n, but only " .. nint
+            .. " of 1.." .. maxkey .. " are present", 0)
+    end
+    if marked or nint > 0 then
+      out[#out + 1] = "["
+      for i = 1, nint do
+        if i > 1 then out[#out + 1] = "," end
+        encode_value(rawget(v, i), path .. "[" .. i .. "]", depth + 1, out)
+      end
+      out[#out + 1] = "]"
+    else
+      table.sort(keys)
+      out[#out + 1] = "{"
+      for i, k in ipairs(keys) do
+        if i > 1 then out[#out + 1] = "," end
+        if not utf8_ok(k) then error(path .. ": invalid UTF-8 in a key", 0) end
+        out[#out + 1] = encode_string(k)
+        out[#out + 1] = ":"
+        encode_value(rawget(v, k), path .. "." .. k, depth + 1, out)
+      end
+      out[#out + 1] = "}"
+    end
+  else
+    error(path .. ": cannot encode a " .. t, 0)
+  end
+end
+
+local function json_encode(v)
+  local out = {}
+  encode_value(v, "$", 0, out)
+  return table.concat(out)
+end
+
+local function json_decode(s)
+  if type(s) ~= "string" then error("bad argument #1 to 'decode' (string expected, got "
+                                    .. type(s) .. ")", 2) end
+  local v, pos, err = dkjson.decode(s, 1, NULL, nil, ARRAY_MT)
+  if err then return nil, "json.decode: " .. err end
+  if s:find("%S", pos) then return nil, "json.decode: end of file expected at " .. pos end
+  return v
+end
+
+-- dkjson marks decoded objects with a metatable of its own; the host does not. Arrays get
+-- the array metatable (so they re-encode as [] even when empty), objects none.
+local function strip_meta(v, depth)
+  if type(v) ~= "table" or depth > MAX_DEPTH then return v end
+  if getmetatable(v) ~= ARRAY_MT then setmetatable(v, nil) end
+  for _, x in pairs(v) do strip_meta(x, depth + 1) end
+  return v
+end
+
+testing.json = {
+  encode = json_encode,
+  decode = function(s)
+    local v, err = json_decode(s)
+    if err then return nil, err end
+    return strip_meta(v, 0)
+  end,
+  array = function(t) return setmetatable(t or {}, ARRAY_MT) end,
+}
+
+-- ------------------------------------------------------------------ fakes
+local function lost(h, what)
+  if h.lease_lost then error(what .. ": lease lost: the task's side effects are stopped", 3) end
+end
+
+-- A fake database: answers come from handlers registered with db:on(pattern, fn); fn may
+-- also be a table of rows (a fixed answer). A query nobody answers raises, like an
+-- unexpected statement would fail a real test.
 local function new_db()
   local db = { calls = {}, handlers = {} }
   function db:on(pattern, fn)
+    assert(type(pattern) == "string", "db:on(pattern, fn): pattern must be a string")
+    assert(type(fn) == "function" or type(fn) == "table", "db:on(pattern, fn): fn must be a function or rows")
     self.handlers[#self.handlers + 1] = { pattern = pattern, fn = fn }
     return self
   end
+  --- calls whose SQL holds pattern (plain substring)
+  function db:find(pattern)
+    local found = {}
+    for _, c in ipairs(self.calls) do
+      if c.sql:find(pattern, 1, true) then found[#found + 1] = c end
+    end
+    return found
+  end
   return db
+end
+
+-- A fake HTTP client: http:on([method,] pattern, fn). pattern is a plain substring of the
+-- URL; method (case-insensitive) is optional. fn(req) returns {status, headers, body}
+-- (header names are lower-cased, as the host does) or raises (a transport error).
+local function new_http()
+  local http = { calls = {}, handlers = {} }
+  function http:on(a, b, c)
+    local method, pattern, fn
+    if c ~= nil then method, pattern, fn = a, b, c else pattern, fn = a, b end
+    assert(method == nil or type(method) == "string", "http:on(method, pattern, fn): method must be a string")
+    assert(type(pattern) == "string", "http:on([method,] pattern, fn): pattern must be a string")
+    assert(type(fn) == "function" or type(fn) == "table",
+           "http:on([method,] pattern, fn): fn must be a function or a response table")
+    self.handlers[#self.handlers + 1] = { method = method and method:upper(), pattern = pattern, fn = fn }
+    return self
+  end
+  --- calls whose URL holds pattern (plain substring), optionally of one method
+  function http:find(pattern, method)
+    local found = {}
+    for _, r in ipairs(self.calls) do
+      if r.url:find(pattern, 1, true) and (method == nil or r.method == method:upper()) then
+        found[#found + 1] = r
+      end
+    end
+    return found
+  end
+  return http
 end
 
 local function new_fake(h)
   local leash = { null = NULL }
   function leash.ok(result) return setmetatable({ kind = "ok", result = result }, OUTCOME) end
   function leash.retry(msg, delay)
-    return setmetatable({ kind = "retry", message = msg or "retry requested", delay = delay }, OUTCOME)
+    if delay ~= nil and (type(delay) ~= "number" or delay < 0 or delay ~= delay or delay == math.huge) then
+      error("bad argument #2 to 'retry' (delay must be a number of seconds >= 0)", 2)
+    end
+    return setmetatable({ kind = "retry", message = msg ~= nil and tostring(msg) or "retry requested",
+                          delay = delay }, OUTCOME)
   end
-  function leash.fatal(msg) return setmetatable({ kind = "fatal", message = msg or "fatal" }, OUTCOME) end
+  function leash.fatal(msg)
+    return setmetatable({ kind = "fatal", message = msg ~= nil and tostring(msg) or "fatal" }, OUTCOME)
+  end
   function leash.now() return h.clock end
   function leash.sleep(s)
-    assert(type(s) == "number" and s >= 0, "bad argument #1 to 'sleep' (seconds must be >= 0)")
+    if type(s) ~= "number" or s < 0 or s ~= s or s == math.huge then
+      error("bad argument #1 to 'sleep' (seconds must be >= 0)", 2)
+    end
+    lost(h, "leash.sleep")
     h.clock = h.clock + s
     h.slept = h.slept + s
-    if h.lease_lost then error("leash.sleep: lease lost: the task's side effects are stopped", 2) end
   end
   leash.json = {
     null = NULL,
     encode = function(v)
-      local s, err = json.encode(v, { exception = function(reason) error("json.encode: " .. reason, 0) end })
-      if not s then error("json.encode: " .. tostring(err), 2) end
+      local ok, s = pcall(json_encode, v)
+      if not ok then error("json.encode: " .. s, 2) end
       return s
     end,
-    decode = function(s)
-      local v, _, err = json.decode(s, 1, NULL)
-      if err then return nil, "json.decode: " .. err end
-      return v
-    end,
-    array = function(t) return setmetatable(t or {}, json.array_mt or { __jsontype = "array" }) end,
+    decode = testing.json.decode,
+    array = testing.json.array,
   }
   leash.db = {
     query = function(sql, ...)
-      if h.lease_lost then error("leash.db.query: lease lost: the task's side effects are stopped", 2) end
+      if type(sql) ~= "string" then error("bad argument #1 to 'query' (string expected)", 2) end
+      lost(h, "leash.db.query")
       local call = { sql = sql, params = table.pack(...) }
       h.db.calls[#h.db.calls + 1] = call
       for _, handler in ipairs(h.db.handlers) do
         if sql:find(handler.pattern, 1, true) then
-          local rows, affected = handler.fn(sql, ...)
-          rows = rows or {}
+          local rows, affected
+          if type(handler.fn) == "table" then rows = handler.fn else rows, affected = handler.fn(sql, ...) end
+          rows = testing.json.array(rows or {})
           return rows, affected or #rows
         end
       end
@@ -71,96 +264,276 @@ local function new_fake(h)
   }
   leash.http = {
     request = function(req)
-      assert(type(req) == "table" and type(req.url) == "string", "bad argument #1 to 'request' (url is required)")
-      if h.lease_lost then error("leash.http.request: lease lost: request aborted", 2) end
-      h.http.calls[#h.http.calls + 1] = req
+      if type(req) ~= "table" or type(req.url) ~= "string" then
+        error("bad argument #1 to 'request' (url is required)", 2)
+      end
+      if req.body ~= nil and type(req.body) ~= "string" then
+        error("bad argument #1 to 'request' (body must be a string)", 2)
+      end
+      if req.headers ~= nil and type(req.headers) ~= "table" then
+        error("bad argument #1 to 'request' (headers must map names to strings)", 2)
+      end
+      lost(h, "leash.http.request")
+      local r = {}
+      for k, v in pairs(req) do r[k] = v end
+      r.method = (req.method or (req.body and "POST" or "GET")):upper()
+      h.http.calls[#h.http.calls + 1] = r
       for _, handler in ipairs(h.http.handlers) do
-        if req.url:find(handler.pattern, 1, true) then
-          local resp = handler.fn(req)
-          resp.headers = resp.headers or {}
-          resp.body = resp.body or ""
-          return resp
+        if (handler.method == nil or handler.method == r.method)
+           and r.url:find(handler.pattern, 1, true) then
+          local resp = handler.fn
+          if type(resp) == "function" then resp = resp(r) end
+          assert(type(resp) == "table", "fake http handler for " .. r.url .. " returned no response table")
+          local headers = {}
+          for k, v in pairs(resp.headers or {}) do headers[k:lower()] = tostring(v) end
+          if h.lease_lost then error("leash.http.request: lease lost: request aborted", 2) end
+          return { status = resp.status or 200, headers = headers, body = resp.body or "" }
         end
       end
-      error("leash.http.request: no fake answer registered for " .. req.url, 2)
+      error("leash.http.request: no fake answer registered for " .. r.method .. " " .. r.url, 2)
     end,
   }
-  -- Steps persist in h.steps across h:run calls, as they do across attempts.
+  -- Steps persist in h.steps across h:run calls, as they do across attempts. The stored
+  -- value is the JSON round trip of what fn returned (what the host gives back later).
   function leash.step(name, fn)
-    if h.steps[name] ~= nil then return h.steps[name].value end
+    if type(name) ~= "string" then error("bad argument #1 to 'step' (string expected)", 2) end
+    if type(fn) ~= "function" then error("bad argument #2 to 'step' (function expected)", 2) end
+    lost(h, "leash.step")
+    local stored = h.steps[name]
+    if stored ~= nil then return stored.value end
+    h.step_runs[name] = (h.step_runs[name] or 0) + 1
     local v = fn()
-    h.steps[name] = { value = v }
+    local copy = nil
+    if v ~= nil then
+      local ok, text = pcall(json_encode, v)
+      if not ok then
+        error("leash.step: result of '" .. name .. "' cannot be stored as JSON: " .. text, 2)
+      end
+      copy = testing.json.decode(text)
+    end
+    lost(h, "leash.step")
+    h.steps[name] = { value = copy }
     return v
   end
   function leash.enqueue(child)
-    assert(type(child) == "table" and child.payload ~= nil, "bad argument #1 to 'enqueue' (payload is required)")
-    h.enqueued[#h.enqueued + 1] = child
-    return 1000 + #h.enqueued
+    if type(child) ~= "table" or child.payload == nil then
+      error("bad argument #1 to 'enqueue' (payload is required)", 2)
+    end
+    if child.delay ~= nil and (type(child.delay) ~= "number" or child.delay < 0) then
+      error("bad argument #1 to 'enqueue' (delay must be a number of seconds >= 0)", 2)
+    end
+    if child.max_attempts ~= nil and (math.type(child.max_attempts) ~= "integer" or child.max_attempts < 1) then
+      error("bad argument #1 to 'enqueue' (max_attempts must be an integer >= 1)", 2)
+    end
+    local ok, err = pcall(json_encode, child.payload)
+    if not ok then error("bad argument #1 to 'enqueue' (" .. err .. ")", 2) end
+    lost(h, "leash.enqueue")
+    local parent = h.task or {}
+    local id = 1000 + #h.enqueued + 1
+    local rec = {}
+    for k, v in pairs(child) do rec[k] = v end
+    rec.id = id
+    if rec.tenant_id == nil then rec.tenant_id = parent.tenant_id end
+    if rec.batch == nil then rec.batch = parent.batch end
+    if rec.shard_key == nil then rec.shard_key = "task:" .. id end
+    h.enqueued[#h.enqueued + 1] = rec
+    return id
   end
   leash.log = {}
   for _, level in ipairs({ "debug", "info", "warn", "error" }) do
     leash.log[level] = function(msg, fields)
-      h.logs[#h.logs + 1] = { level = level, msg = msg, fields = fields }
+      if type(msg) ~= "string" and type(msg) ~= "number" then
+        error("bad argument #1 to '" .. level .. "' (string expected)", 2)
+      end
+      h.logs[#h.logs + 1] = { level = level, msg = tostring(msg), fields = fields }
     end
   end
   return leash
 end
 
--- The host's mapping of what handle gave back (SPEC.md, "The Lua contract").
-local function outcome(ok, a, b)
-  if not ok then return { status = "retry", error = tostring(a) } end
-  if a == nil or a == true then return { status = "done" } end
-  if a == false then return { status = "retry", error = b ~= nil and tostring(b) or "handle returned false" } end
-  if getmetatable(a) == OUTCOME then
-    if a.kind == "ok" then return { status = "done", result = a.result } end
-    if a.kind == "retry" then return { status = "retry", error = a.message, delay = a.delay } end
-    return { status = "dead", error = a.message }
+-- ------------------------------------------------------------------ sandbox
+local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "rawequal", "rawget",
+               "rawlen", "select", "setmetatable", "getmetatable", "tonumber", "tostring",
+               "type", "xpcall", "_VERSION" }
+local LIBS = { "string", "table", "math", "utf8", "coroutine" }
+
+local function new_env(h)
+  local env = {}
+  for _, n in ipairs(BASE) do env[n] = _G[n] end
+  for _, lib in ipairs(LIBS) do
+    local copy = {}
+    for k, v in pairs(_G[lib]) do copy[k] = v end
+    env[lib] = copy
   end
-  return { status = "retry", error = "handle returned a " .. type(a) .. "; return nothing, true, "
-    .. "leash.ok(result), false, msg, leash.retry(msg) or leash.fatal(msg)" }
+  env.string.dump = nil
+  env.os = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime }
+  env.print = function(...)
+    local parts = table.pack(...)
+    for i = 1, parts.n do parts[i] = tostring(parts[i]) end
+    h.logs[#h.logs + 1] = { level = "info", msg = table.concat(parts, "\t", 1, parts.n) }
+  end
+  env._G = env
+  local modules = {}
+  env.require = function(name)
+    if type(name) ~= "string" then error("bad argument #1 to 'require' (string expected)", 2) end
+    if modules[name] ~= nil then return modules[name] end
+    if name == "leash" then
+      modules[name] = h.leash
+      return h.leash
+    end
+    if name:find("..", 1, true) or name:find("^[/.]") then
+      error("require: bad module name '" .. name .. "'", 2)
+    end
+    local rel = name:gsub("%.", "/") .. ".lua"
+    for _, dir in ipairs(h.search) do
+      local file = dir .. "/" .. rel
+      local f = io.open(file, "r")
+      if f then
+        f:close()
+        local chunk = assert(loadfile(file, "t", env))
+        local m = chunk(name)
+        if m == nil then m = true end
+        modules[name] = m
+        return m
+      end
+    end
+    error("require: module '" .. name .. "' not found in the script's folder"
+          .. (#h.search > 1 and " or --lua-path" or ""), 2)
+  end
+  return env
 end
 
---- Loads a task script with the fake leash module. Returns a harness h with
---- h.db and h.http (calls, on(pattern, fn)), h.steps (stored step results, kept across
---- runs like attempts), h.enqueued (child tasks), h.logs, h.clock (settable), h.slept,
---- h.lease_lost (set it to make side effects raise), and h:run(task).
-function testing.load(path)
-  local h = { logs = {}, clock = 1700000000, slept = 0, lease_lost = false, steps = {}, enqueued = {} }
-  h.db = new_db()
-  h.http = new_db()   -- same shape: calls, on(pattern, fn); fn(req) returns {status, headers, body}
-  h.leash = new_fake(h)
-  local dir = path:match("^(.*)/[^/]*$") or "."
-  local env = setmetatable({}, { __index = _G })
-  env.require = function(name)
-    if name == "leash" then return h.leash end
-    local file = dir .. "/" .. name:gsub("%.", "/") .. ".lua"
-    local chunk = assert(loadfile(file, "t", env))
-    return chunk(name)
+-- ------------------------------------------------------------------ outcomes
+local function message_handler(e)
+  if type(e) == "string" then return debug.traceback(e, 2) end
+  local mt = getmetatable(e)
+  if mt and mt.__tostring then return tostring(e) end
+  return "(error object is a " .. type(e) .. " value)"
+end
+
+local CONTRACT = "; return nothing, true, leash.ok(result), false, msg, leash.retry(msg) or leash.fatal(msg)"
+
+-- The host's mapping of what handle gave back (SPEC.md, "The Lua contract"); res is the
+-- packed results of xpcall.
+local function outcome(res)
+  local ok, a, b = res[1], res[2], res[3]
+  if not ok then return { status = "retry", error = a, raised = true } end
+  if res.n == 1 or a == nil or a == true then return { status = "done" } end
+  if a == false then
+    return { status = "retry", error = res.n >= 3 and b ~= nil and tostring(b) or "handle returned false" }
   end
-  local chunk = assert(loadfile(path, "t", env))
-  local mod = chunk()
+  if type(a) == "table" and getmetatable(a) == OUTCOME then
+    if a.kind == "ok" then
+      if a.result ~= nil then
+        local enc_ok, err = pcall(json_encode, a.result)
+        if not enc_ok then
+          return { status = "retry", error = "leash.ok: result cannot be stored as JSON: " .. err }
+        end
+      end
+      return { status = "done", result = a.result }
+    end
+    if a.kind == "retry" then return { status = "retry", error = a.message, delay = a.delay } end
+    return { status = "dead", error = a.message, fatal = true }
+  end
+  return { status = "retry", error = "handle returned a " .. type(a) .. CONTRACT, contract = true }
+end
+
+local function install(h, mod, path)
   if type(mod) == "function" then
     h.handle = mod
-  else
-    assert(type(mod) == "table" and type(mod.handle) == "function",
-           path .. ": the script must return handle(task) or { handle = ..., setup = ... }")
-    if mod.setup then mod.setup() end
-    h.handle = mod.handle
+    return
   end
+  if type(mod) ~= "table" then
+    error(path .. ": the script must return handle(task) or { handle = ..., setup = ... }, not a "
+          .. type(mod), 0)
+  end
+  if mod.setup ~= nil then
+    if type(mod.setup) ~= "function" then error(path .. ": setup must be a function", 0) end
+    mod.setup()
+  end
+  if type(mod.handle) ~= "function" then
+    error(path .. ": the returned table has no handle function", 0)
+  end
+  h.handle = mod.handle
+end
+
+local function new_harness(dir, opts)
+  opts = opts or {}
+  local h = { logs = {}, clock = opts.clock or 1700000000, slept = 0, lease_lost = false,
+              steps = {}, step_runs = {}, enqueued = {}, runs = 0 }
+  h.search = { dir }
+  for _, d in ipairs(opts.lua_path or {}) do h.search[#h.search + 1] = d end
+  h.db = new_db()
+  h.http = new_http()
+  h.leash = new_fake(h)
+  h.env = new_env(h)
 
   --- Runs handle on a task built from t (defaults fill id, tenant, shard, attempt…) and
-  --- returns { status = "done"|"retry"|"dead", result, error, delay }.
+  --- returns { status = "done"|"retry"|"dead", result, error, delay, attempt }.
   function h:run(t)
+    t = t or {}
     local task = {
-      id = t.id or 1, tenant_id = t.tenant_id or "default", shard_key = t.shard_key or "task:1",
-      payload = t.payload, attempt = t.attempt or 1, max_attempts = t.max_attempts or 8,
-      worker_id = t.worker_id or "test", batch = t.batch,
+      id = t.id or 1, tenant_id = t.tenant_id or "default", shard_key = t.shard_key or "task:" .. (t.id or 1),
+      payload = t.payload == nil and {} or t.payload, attempt = t.attempt or 1,
+      max_attempts = t.max_attempts or 8, worker_id = t.worker_id or "test", batch = t.batch,
     }
-    function task.lease_lost() return h.lease_lost end
-    local out = outcome(pcall(self.handle, task))
+    function task.lease_lost() return h.lease_lost == true end
+    self.task = task
+    self.runs = self.runs + 1
+    local out = outcome(table.pack(xpcall(self.handle, message_handler, task)))
+    self.task = nil
+    out.attempt = task.attempt
     if out.status == "retry" and task.attempt >= task.max_attempts then out.status = "dead" end
     return out
   end
+
+  --- Runs attempt after attempt, as the host would, until the task is done or dead:
+  --- between attempts the clock moves by the script's delay or the backoff
+  --- least(3600, 2^attempt). Returns the last outcome, with out.history (every outcome).
+  function h:settle(t)
+    t = t or {}
+    local history = {}
+    local attempt = t.attempt or 1
+    while true do
+      local copy = {}
+      for k, v in pairs(t) do copy[k] = v end
+      copy.attempt = attempt
+      local out = self:run(copy)
+      history[#history + 1] = out
+      if out.status ~= "retry" then
+        out.history = history
+        return out
+      end
+      self.clock = self.clock + (out.delay or math.min(3600, 2 ^ attempt))
+      attempt = attempt + 1
+    end
+  end
+  return h
+end
+
+--- Loads a task script with the fake leash module. opts: { lua_path = {dirs}, clock = n }.
+--- Returns a harness h with h.db and h.http (calls, on(...), find(...)), h.steps (stored
+--- step results, kept across runs like attempts), h.step_runs (name → times fn ran),
+--- h.enqueued (child tasks, defaults filled), h.logs, h.clock (settable), h.slept,
+--- h.lease_lost (set it to make side effects raise), h:run(task) and h:settle(task).
+--- A script that fails to load or breaks the contract raises, as `leash check` would fail.
+function testing.load(path, opts)
+  local h = new_harness(path:match("^(.*)/[^/]*$") or ".", opts)
+  local chunk, err = loadfile(path, "t", h.env)
+  if not chunk then error(err, 0) end
+  install(h, chunk(), path)
+  return h
+end
+
+--- Like load, from source text (handy for small scripts inside a spec). opts.dir is the
+--- folder require searches first (default ".").
+function testing.load_string(src, opts)
+  opts = opts or {}
+  local h = new_harness(opts.dir or ".", opts)
+  local name = opts.name or "=(script)"
+  local chunk, err = load(src, name, "t", h.env)
+  if not chunk then error(err, 0) end
+  install(h, chunk(), name)
   return h
 end
 
