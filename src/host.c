@@ -38,6 +38,8 @@ struct dispatcher {
   struct slot **idle;
   int nidle;
   struct task *done, **done_tail;   /* finished, waiting to be settled */
+  struct task *ready, **ready_tail; /* claimed, not started: slots take them directly */
+  int nready;
   int quit;                         /* slots exit */
   int signals;                      /* SIGTERM/SIGINT seen */
   PGconn *conn;
@@ -45,6 +47,7 @@ struct dispatcher {
   struct reload *reload;
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
+  double avg_rtt, avg_duration;     /* moving averages (s): cycle round trip, task run time */
   long claimed, done_count, retried, dead, lost, late;
 };
 
@@ -53,11 +56,13 @@ static void *signal_main(void *arg);
 static int dispatch(struct dispatcher *d);
 static int ensure_connection(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
-static void settle(struct dispatcher *d, struct task *list);
+static int cycle(struct dispatcher *d, struct task *list, int want);
+static int ready_target(const struct dispatcher *d);
+static void distribute(struct dispatcher *d, struct task *list);
+static void release_ready(struct dispatcher *d);
 static int must_give_up(struct dispatcher *d);
 static void settle_one_by_one(struct dispatcher *d, struct task *list);
 static void finish_task(struct dispatcher *d, struct task *t, int applied);
-static int claim(struct dispatcher *d, int n);
 static void held_add(struct host *h, struct task *t);
 static void held_remove(struct host *h, struct task *t);
 static void release_running(struct dispatcher *d);
@@ -88,6 +93,7 @@ int host_run(const struct host_config *cfg)
   pthread_cond_init(&h.wake_cv, &ca);
   atomic_init(&h.stopping, 0);
   d.done_tail = &d.done;
+  d.ready_tail = &d.ready;
   h.sh = (struct script_host){
     .worker_id = cfg->worker_id, .stopping = &h.stopping, .wake_mu = &h.wake_mu,
     .wake_cv = &h.wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
@@ -240,8 +246,10 @@ void host_wake(struct host *h)
   pthread_mutex_unlock(&h->mu);
 }
 
-/* The dispatcher loop: settle what finished, claim for idle slots, else wait for a slot,
-   a notification or the next poll. Returns the exit code. */
+/* The dispatcher loop. Each cycle is one round trip: the outcomes that finished since the
+   last one, and a claim for the idle slots plus a small local buffer, in one transaction.
+   Otherwise it waits for a slot to finish, a notification or the next poll. Returns the
+   exit code. */
 static int dispatch(struct dispatcher *d)
 {
   struct host *h = d->h;
@@ -255,21 +263,25 @@ static int dispatch(struct dispatcher *d)
     struct task *finished = d->done;
     d->done = NULL;
     d->done_tail = &d->done;
-    int idle = d->nidle, woken = h->wake, draining = h->draining, nheld = h->nheld;
+    int idle = d->nidle, nready = d->nready, woken = h->wake, draining = h->draining;
+    int nheld = h->nheld;
     h->wake = 0;
     pthread_mutex_unlock(&h->mu);
-
     double now = task_now();
-    if (finished) {
-      settle(d, finished);
-      more = 1;   /* a settled shard may free a waiting task */
-      continue;
-    }
+
     if (draining) {
       if (d->drain_deadline == 0) {
         d->drain_deadline = now + cfg->drain_timeout;
-        log_info("draining: %d task%s running, up to %.0f s", nheld, nheld == 1 ? "" : "s",
-                 cfg->drain_timeout);
+        log_info("draining: %d task%s running, up to %.0f s", nheld - nready,
+                 nheld - nready == 1 ? "" : "s", cfg->drain_timeout);
+      }
+      if (nready > 0) {
+        release_ready(d);
+        continue;
+      }
+      if (finished) {
+        cycle(d, finished, 0);
+        continue;
       }
       if (nheld == 0)
         return 0;
@@ -278,25 +290,32 @@ static int dispatch(struct dispatcher *d)
         released = 1;
         continue;
       }
-    } else if (idle > 0 && (more || woken || now >= next_poll)) {
-      int want = idle < cfg->claim_batch ? idle : cfg->claim_batch;
-      int got = claim(d, want);
-      if (got > 0) {
-        more = got == want;
-        continue;
-      }
-      more = 0;
-      next_poll = now + jitter_poll(cfg);
-      if (got == 0 && cfg->until_empty && nheld == 0 && now >= next_empty_check) {
-        char err[DB_ERR_MAX];
-        int open = queue_scope_open(d->q, d->conn, &cfg->scope, err, sizeof err);
-        if (open == 0) {
-          log_info("queue empty for this scope: exiting (--until-empty)");
-          return 0;
+    } else {
+      int want = idle + ready_target(d) - nready;
+      if (want > cfg->claim_batch)
+        want = cfg->claim_batch;
+      int claim_now = want > 0 && (more || woken || finished || now >= next_poll);
+      if (finished || claim_now) {
+        int got = cycle(d, finished, claim_now ? want : 0);
+        if (claim_now && got >= 0) {
+          more = got == want;
+          if (!more)
+            next_poll = now + jitter_poll(cfg);
         }
-        if (open < 0)
-          connection_failed(d, "until-empty check", err);
-        next_empty_check = now + (double)cfg->poll_min_ms / 1000.0;
+        if (claim_now && got == 0 && cfg->until_empty && nheld == 0 && !finished &&
+            now >= next_empty_check) {
+          char err[DB_ERR_MAX];
+          int open = queue_scope_open(d->q, d->conn, &cfg->scope, err, sizeof err);
+          if (open == 0) {
+            log_info("queue empty for this scope: exiting (--until-empty)");
+            return 0;
+          }
+          if (open < 0)
+            connection_failed(d, "until-empty check", err);
+          next_empty_check = now + (double)cfg->poll_min_ms / 1000.0;
+        }
+        if (got > 0 || finished)
+          continue;
       }
     }
 
@@ -305,7 +324,7 @@ static int dispatch(struct dispatcher *d)
     if (draining)
       until = released ? now + 0.1 : d->drain_deadline;
     pthread_mutex_lock(&h->mu);
-    if (!d->done && !h->wake && h->draining == draining && (d->nidle == idle || draining)) {
+    if (!d->done && !h->wake && h->draining == draining && d->nidle == idle) {
       struct timespec ts;
       double wait = until - task_now();
       if (wait > 0) {
@@ -322,6 +341,19 @@ static int dispatch(struct dispatcher *d)
     }
     pthread_mutex_unlock(&h->mu);
   }
+}
+
+/* How many claimed-but-not-started tasks to keep so slots never wait for a round trip:
+   enough for what the slots finish during two round trips, from the measured task duration
+   and round-trip time (0 for long tasks, where a buffered task would only wait). */
+static int ready_target(const struct dispatcher *d)
+{
+  if (d->avg_duration <= 0 || d->avg_rtt <= 0)
+    return 0;
+  double x = 2.0 * d->h->cfg->concurrency * d->avg_rtt / d->avg_duration;
+  if (x < 1)
+    return 0;
+  return x > d->h->cfg->claim_batch ? d->h->cfg->claim_batch : (int)ceil(x);
 }
 
 /* 1 when the claim connection is usable; else reconnects, waiting with capped backoff. */
@@ -351,36 +383,33 @@ static void connection_failed(struct dispatcher *d, const char *what, const char
     ensure_connection(d);
 }
 
-static int claim(struct dispatcher *d, int n)
+/* Hands claimed tasks to idle slots, the rest to the ready buffer. */
+static void distribute(struct dispatcher *d, struct task *list)
 {
   struct host *h = d->h;
-  struct task *list = NULL;
-  char err[DB_ERR_MAX];
-  if (!ensure_connection(d))
-    return -1;
-  int got = queue_claim(d->q, d->conn, &h->cfg->scope, n, &list, err, sizeof err);
-  if (got < 0) {
-    connection_failed(d, "claim", err);
-    return -1;
-  }
-  d->claimed += got;
   pthread_mutex_lock(&h->mu);
   while (list) {
     struct task *t = list;
     list = t->next;
     t->next = NULL;
     held_add(h, t);
-    struct slot *s = d->idle[--d->nidle];
-    s->task = t;
-    pthread_cond_signal(&s->cv);
+    if (d->nidle > 0) {
+      struct slot *s = d->idle[--d->nidle];
+      s->task = t;
+      pthread_cond_signal(&s->cv);
+    } else {
+      *d->ready_tail = t;
+      d->ready_tail = &t->next;
+      d->nready++;
+    }
   }
   pthread_mutex_unlock(&h->mu);
-  return got;
 }
 
-/* Writes the outcomes of finished tasks in one statement. A task whose lease was lost is
-   not written (its outcome is discarded); the fence rejects any other late one. */
-static void settle(struct dispatcher *d, struct task *list)
+/* One round trip: writes the outcomes of finished tasks and claims `want` rows. A task
+   whose lease was lost is not written (its outcome is discarded); the fence rejects any
+   other late one. Returns the number claimed, or -1. */
+static int cycle(struct dispatcher *d, struct task *list, int want)
 {
   struct task *keep = NULL, **tail = &keep;
   int n = 0;
@@ -404,9 +433,9 @@ static void settle(struct dispatcher *d, struct task *list)
     tail = &t->next;
     n++;
   }
-  if (n == 0)
-    return;
-  char *applied = malloc((size_t)n);
+  if (n == 0 && want == 0)
+    return 0;
+  char *applied = malloc((size_t)(n > 0 ? n : 1));
   char err[DB_ERR_MAX];
   /* A database that is away comes back (restart, failover): keep the outcomes and retry
      with backoff, unless the worker must stop. Their leases are still being renewed. */
@@ -415,7 +444,13 @@ static void settle(struct dispatcher *d, struct task *list)
       break;
     if (!ensure_connection(d))
       continue;
-    if (queue_settle(d->q, d->conn, keep, n, applied, err, sizeof err) == 0) {
+    struct task *claimed = NULL;
+    double start = task_now();
+    int got = queue_cycle(d->q, d->conn, keep, n, applied, &d->h->cfg->scope, want, &claimed,
+                          err, sizeof err);
+    if (got >= 0) {
+      double rtt = task_now() - start;
+      d->avg_rtt = d->avg_rtt > 0 ? 0.9 * d->avg_rtt + 0.1 * rtt : rtt;
       int i = 0;
       while (keep) {
         struct task *t = keep;
@@ -423,16 +458,19 @@ static void settle(struct dispatcher *d, struct task *list)
         finish_task(d, t, applied[i++]);
       }
       free(applied);
-      return;
+      d->claimed += got;
+      distribute(d, claimed);
+      return got;
     }
     if (PQstatus(d->conn) == CONNECTION_OK) {
       /* The statement itself failed (a result jsonb refused, say): find the one. */
-      log_warn("settle of %d task%s failed: %s; settling one by one", n, n == 1 ? "" : "s", err);
+      log_warn("cycle with %d outcome%s failed: %s; settling one by one", n,
+               n == 1 ? "" : "s", err);
       settle_one_by_one(d, keep);
       free(applied);
-      return;
+      return 0;
     }
-    connection_failed(d, "settle", err);
+    connection_failed(d, "claim and settle", err);
   }
   /* Could not write (no memory, or stopping with the database away): leases expire and
      the tasks run again elsewhere. */
@@ -443,6 +481,7 @@ static void settle(struct dispatcher *d, struct task *list)
     log_task(LOG_WARN, d->h, t, "outcome not written; the task will run again after its lease expires");
     finish_task(d, t, -1);
   }
+  return -1;
 }
 
 /* 1 once waiting for the database is no longer allowed: stopping now, or draining past
@@ -491,6 +530,9 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list)
 static void finish_task(struct dispatcher *d, struct task *t, int applied)
 {
   static const char *const kinds[] = { "done", "retry", "dead" };
+  if (t->finished)
+    d->avg_duration = d->avg_duration > 0 ? 0.9 * d->avg_duration + 0.1 * t->duration
+                                          : t->duration;
   if (applied == 1) {
     if (t->kind == OUTCOME_DONE)
       d->done_count++;
@@ -590,15 +632,60 @@ static void *slot_main(void *arg)
     }
     script_run(s->script, t);
     pthread_mutex_lock(&h->mu);
-    s->task = NULL;
     t->finished = 1;
     *d->done_tail = t;
     d->done_tail = &t->next;
-    d->idle[d->nidle++] = s;
+    /* The next task from the ready buffer, without a trip through the dispatcher. */
+    s->task = h->draining ? NULL : d->ready;
+    if (s->task) {
+      d->ready = s->task->next;
+      if (!d->ready)
+        d->ready_tail = &d->ready;
+      d->nready--;
+      s->task->next = NULL;
+    } else {
+      d->idle[d->nidle++] = s;
+    }
     pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
   }
   return NULL;
+}
+
+/* Draining: tasks claimed but not started go back to pending at once. */
+static void release_ready(struct dispatcher *d)
+{
+  struct host *h = d->h;
+  pthread_mutex_lock(&h->mu);
+  struct task *list = d->ready;
+  int n = d->nready;
+  d->ready = NULL;
+  d->ready_tail = &d->ready;
+  d->nready = 0;
+  for (struct task *t = list; t; t = t->next)
+    held_remove(h, t);
+  pthread_mutex_unlock(&h->mu);
+  int64_t *ids = malloc((size_t)n * sizeof *ids);
+  int *atts = malloc((size_t)n * sizeof *atts), i = 0;
+  for (struct task *t = list; ids && atts && t; t = t->next, i++) {
+    ids[i] = t->id;
+    atts[i] = t->attempt;
+  }
+  char err[DB_ERR_MAX];
+  if (ids && atts && ensure_connection(d) &&
+      queue_release(d->q, d->conn, ids, atts, n, err, sizeof err) >= 0)
+    log_info("draining: %d claimed task%s not started given back to pending", n,
+             n == 1 ? "" : "s");
+  else
+    log_warn("draining: %d claimed task%s not started could not be given back; their leases "
+             "expire instead", n, n == 1 ? "" : "s");
+  free(ids);
+  free(atts);
+  while (list) {
+    struct task *t = list;
+    list = t->next;
+    task_free(t);
+  }
 }
 
 static void *signal_main(void *arg)

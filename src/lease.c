@@ -184,9 +184,9 @@ static void heartbeat(struct lease *l)
         for (int j = 0; j < n; j++) {
           if (ids[j] != t->id || attempts[j] != t->attempt)
             continue;
-          if (renewed[j])
+          if (renewed[j] == HEARTBEAT_RENEWED)
             atomic_store(&t->lease_deadline, sent + h->cfg->visibility);
-          else if (!t->finished)
+          else if (renewed[j] == HEARTBEAT_LOST && !t->finished)
             host_lose_lease(h, t, "heartbeat found the row no longer leased to this worker");
           /* A finished task's row may just have been settled by the dispatcher; if the lease
              was really taken, the fenced settle rejects the outcome and says so. */

@@ -6,7 +6,7 @@
 #include <string.h>
 
 struct queue {
-  char *claim_sql, *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql;
+  char *claim_sql, *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
   char *owner;
   char visibility[32];
   double visibility_s;
@@ -20,10 +20,12 @@ struct text {
 };
 
 static char *format_sql(const char *fmt, const char *a);
+static char *format_sql2(const char *fmt, const char *a);
 static void text_add(struct text *b, const char *s, size_t n);
 static void text_add_quoted(struct text *b, const char *s);
 static char *int_array(const int64_t *v, const int *w, int n);
 static struct task *task_from_row(PGresult *r, int i, double now, double visibility);
+static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
 
 struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s)
@@ -31,7 +33,8 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   struct queue *q = calloc(1, sizeof *q);
   char *claim = db_table_object(t, c, "claim", 1), *settle = db_table_object(t, c, "settle", 1);
   char *reap = db_table_object(t, c, "reap", 1), *release = db_table_object(t, c, "release", 1);
-  if (!q || !claim || !settle || !reap || !release)
+  char *cycle = db_table_object(t, c, "cycle", 1);
+  if (!q || !claim || !settle || !reap || !release || !cycle)
     goto fail;
   q->claim_sql = format_sql(
     "SELECT id, attempts, max_attempts, tenant_id, shard_key, batch, payload::text "
@@ -40,15 +43,26 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "SELECT id FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], "
     "$7::jsonb[])", settle);
   q->reap_sql = format_sql("SELECT count(*) FROM %s()", reap);
+  q->cycle_sql = format_sql(
+    "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload "
+    "FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], $7::jsonb[], "
+    "$8::int, $9::float8, $10::text[], $11)", cycle);
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::int[])", release);
   /* Only a lease that has not expired is renewed: once expired, another claimer may already
-     hold the shard, and reviving it would make two leases of one shard. */
-  q->heartbeat_sql = format_sql(
-    "UPDATE %s q SET locked_until = now() + make_interval(secs => $4::float8) "
-    "  FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt) "
-    " WHERE q.id = u.id AND q.attempts = u.attempt AND q.lease_owner = $3 "
-    "   AND q.status = 'leased' AND q.locked_until > now() "
-    "RETURNING q.id", t->qualified);
+     hold the shard, and reviving it would make two leases of one shard. Rows locked right
+     now (our own dispatcher settling them) are skipped, not waited for: a heartbeat that
+     never waits cannot deadlock with a settle, and a skipped row is "unknown", not lost. */
+  q->heartbeat_sql = format_sql2(
+    "WITH mine AS ("
+    "  SELECT q.id FROM %s q WHERE q.id = ANY ($1::bigint[]) FOR UPDATE SKIP LOCKED"
+    "), renewed AS ("
+    "  UPDATE %s q SET locked_until = now() + make_interval(secs => $4::float8) "
+    "    FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt), mine m "
+    "   WHERE q.id = u.id AND m.id = q.id AND q.attempts = u.attempt AND q.lease_owner = $3 "
+    "     AND q.status = 'leased' AND q.locked_until > now() "
+    "  RETURNING q.id"
+    ") SELECT m.id, r.id IS NOT NULL FROM mine m LEFT JOIN renewed r ON r.id = m.id",
+    t->qualified);
   q->open_sql = format_sql(
     "SELECT EXISTS (SELECT 1 FROM %s WHERE status IN ('pending', 'leased') "
     "  AND ($1::text[] IS NULL OR tenant_id = ANY ($1::text[])) "
@@ -57,14 +71,16 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
   if (!q->claim_sql || !q->settle_sql || !q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
-      !q->open_sql || !q->owner)
+      !q->open_sql || !q->owner || !q->cycle_sql)
     goto fail;
+  free(cycle);
   free(claim);
   free(settle);
   free(reap);
   free(release);
   return q;
 fail:
+  free(cycle);
   free(claim);
   free(settle);
   free(reap);
@@ -83,6 +99,7 @@ void queue_free(struct queue *q)
   free(q->reap_sql);
   free(q->release_sql);
   free(q->open_sql);
+  free(q->cycle_sql);
   free(q->owner);
   free(q);
 }
@@ -115,76 +132,127 @@ int queue_claim(struct queue *q, PGconn *c, const struct queue_scope *s, int n,
   return rows;
 }
 
-int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                 char *err, size_t errlen)
+/* The six array parameters of a settle ({ids}, {attempts}, {kinds}, {delays}, {errors},
+   {results}) for the first n tasks of list. 0, or -1 when out of memory (arrays freed). */
+static int settle_arrays(struct task *list, int n, struct text a[6])
 {
-  struct text ids = { 0 }, atts = { 0 }, kinds = { 0 }, delays = { 0 }, errs = { 0 },
-              results = { 0 };
   static const char *const kind_names[] = { "done", "retry", "dead" };
   char num[64];
-  int i = 0, rc = -1;
-  text_add(&ids, "{", 1);
-  text_add(&atts, "{", 1);
-  text_add(&kinds, "{", 1);
-  text_add(&delays, "{", 1);
-  text_add(&errs, "{", 1);
-  text_add(&results, "{", 1);
+  int i = 0;
+  memset(a, 0, 6 * sizeof a[0]);
+  for (int k = 0; k < 6; k++)
+    text_add(&a[k], "{", 1);
   for (struct task *t = list; t && i < n; t = t->next, i++) {
     const char *sep = i ? "," : "";
     snprintf(num, sizeof num, "%s%lld", sep, (long long)t->id);
-    text_add(&ids, num, strlen(num));
+    text_add(&a[0], num, strlen(num));
     snprintf(num, sizeof num, "%s%d", sep, t->attempt);
-    text_add(&atts, num, strlen(num));
-    text_add(&kinds, sep, strlen(sep));
-    text_add(&kinds, kind_names[t->kind], strlen(kind_names[t->kind]));
+    text_add(&a[1], num, strlen(num));
+    text_add(&a[2], sep, strlen(sep));
+    text_add(&a[2], kind_names[t->kind], strlen(kind_names[t->kind]));
     if (t->kind == OUTCOME_RETRY && t->delay >= 0)
       snprintf(num, sizeof num, "%s%.3f", sep, t->delay);
     else
       snprintf(num, sizeof num, "%sNULL", sep);
-    text_add(&delays, num, strlen(num));
-    text_add(&errs, sep, strlen(sep));
+    text_add(&a[3], num, strlen(num));
+    text_add(&a[4], sep, strlen(sep));
     if (t->error)
-      text_add_quoted(&errs, t->error);
+      text_add_quoted(&a[4], t->error);
     else
-      text_add(&errs, "NULL", 4);
-    text_add(&results, sep, strlen(sep));
+      text_add(&a[4], "NULL", 4);
+    text_add(&a[5], sep, strlen(sep));
     if (t->result)
-      text_add_quoted(&results, t->result);
+      text_add_quoted(&a[5], t->result);
     else
-      text_add(&results, "NULL", 4);
+      text_add(&a[5], "NULL", 4);
   }
-  text_add(&ids, "}", 1);
-  text_add(&atts, "}", 1);
-  text_add(&kinds, "}", 1);
-  text_add(&delays, "}", 1);
-  text_add(&errs, "}", 1);
-  text_add(&results, "}", 1);
-  if (ids.oom || atts.oom || kinds.oom || delays.oom || errs.oom || results.oom) {
-    snprintf(err, errlen, "out of memory building a settle");
-    goto out;
+  int oom = 0;
+  for (int k = 0; k < 6; k++) {
+    text_add(&a[k], "}", 1);
+    oom |= a[k].oom;
   }
-  const char *params[] = { q->owner, ids.s, atts.s, kinds.s, delays.s, errs.s, results.s };
-  PGresult *r = db_exec(c, q->settle_sql, 7, params, err, errlen);
-  if (!r)
-    goto out;
+  if (oom) {
+    for (int k = 0; k < 6; k++)
+      free(a[k].s);
+    return -1;
+  }
+  return 0;
+}
+
+/* Marks applied[i] for each task of list whose id the server returned in column 0 of the
+   rows where (when settled_col >= 0) that column is true. */
+static void mark_applied(PGresult *r, int settled_col, struct task *list, int n, char *applied)
+{
   memset(applied, 0, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
-    long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
-    i = 0;
+    if (settled_col >= 0 && strcmp(PQgetvalue(r, row, settled_col), "t") != 0)
+      continue;
+    long long id = strtoll(PQgetvalue(r, row, settled_col >= 0 ? 1 : 0), NULL, 10);
+    int i = 0;
     for (struct task *t = list; t && i < n; t = t->next, i++)
       if (t->id == id)
         applied[i] = 1;
   }
+}
+
+int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
+                 char *err, size_t errlen)
+{
+  struct text a[6];
+  if (settle_arrays(list, n, a) != 0) {
+    snprintf(err, errlen, "out of memory building a settle");
+    return -1;
+  }
+  const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s };
+  PGresult *r = db_exec(c, q->settle_sql, 7, params, err, errlen);
+  for (int k = 0; k < 6; k++)
+    free(a[k].s);
+  if (!r)
+    return -1;
+  mark_applied(r, -1, list, n, applied);
   PQclear(r);
-  rc = 0;
-out:
-  free(ids.s);
-  free(atts.s);
-  free(kinds.s);
-  free(delays.s);
-  free(errs.s);
-  free(results.s);
-  return rc;
+  return 0;
+}
+
+int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
+                const struct queue_scope *s, int want, struct task **out, char *err,
+                size_t errlen)
+{
+  struct text a[6];
+  char nbuf[16];
+  *out = NULL;
+  if (settle_arrays(list, n, a) != 0) {
+    snprintf(err, errlen, "out of memory building a settle");
+    return -1;
+  }
+  snprintf(nbuf, sizeof nbuf, "%d", want);
+  const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s,
+                           nbuf, q->visibility, s->tenants, s->batch };
+  double now = task_now();
+  PGresult *r = db_exec(c, q->cycle_sql, 11, params, err, errlen);
+  for (int k = 0; k < 6; k++)
+    free(a[k].s);
+  if (!r)
+    return -1;
+  if (n > 0)
+    mark_applied(r, 0, list, n, applied);
+  int claimed = 0;
+  struct task **tail = out;
+  for (int row = 0; row < PQntuples(r); row++) {
+    if (strcmp(PQgetvalue(r, row, 0), "t") == 0)
+      continue;
+    struct task *t = task_from_cycle_row(r, row, now, q->visibility_s);
+    if (!t) {
+      /* The rows are leased already; they come back when their leases expire. */
+      snprintf(err, errlen, "out of memory reading claimed tasks");
+      break;
+    }
+    *tail = t;
+    tail = &t->next;
+    claimed++;
+  }
+  PQclear(r);
+  return claimed;
 }
 
 int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
@@ -200,12 +268,13 @@ int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *a
   PGresult *r = db_exec(c, q->heartbeat_sql, 4, params, err, errlen);
   if (!r)
     goto out;
-  memset(renewed, 0, (size_t)n);
+  memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
     long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
+    int ok = strcmp(PQgetvalue(r, row, 1), "t") == 0;
     for (int i = 0; i < n; i++)
       if (ids[i] == id)
-        renewed[i] = 1;
+        renewed[i] = ok ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;
   }
   PQclear(r);
   rc = 0;
@@ -342,27 +411,50 @@ char *queue_array_literal(const char *const *values, int n)
   return b.s;
 }
 
-static struct task *task_from_row(PGresult *r, int i, double now, double visibility)
+/* Claimed rows, columns from `first`: id, attempts, max_attempts, tenant_id, shard_key,
+   batch, payload. */
+static struct task *task_from_columns(PGresult *r, int i, int first, double now,
+                                      double visibility)
 {
   struct task *t = calloc(1, sizeof *t);
   if (!t)
     return NULL;
-  t->id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
-  t->attempt = atoi(PQgetvalue(r, i, 1));
-  t->max_attempts = atoi(PQgetvalue(r, i, 2));
-  t->tenant_id = strdup(PQgetvalue(r, i, 3));
-  t->shard_key = strdup(PQgetvalue(r, i, 4));
-  t->batch = PQgetisnull(r, i, 5) ? NULL : strdup(PQgetvalue(r, i, 5));
-  t->payload = strdup(PQgetvalue(r, i, 6));
+  t->id = strtoll(PQgetvalue(r, i, first), NULL, 10);
+  t->attempt = atoi(PQgetvalue(r, i, first + 1));
+  t->max_attempts = atoi(PQgetvalue(r, i, first + 2));
+  t->tenant_id = strdup(PQgetvalue(r, i, first + 3));
+  t->shard_key = strdup(PQgetvalue(r, i, first + 4));
+  t->batch = PQgetisnull(r, i, first + 5) ? NULL : strdup(PQgetvalue(r, i, first + 5));
+  t->payload = strdup(PQgetvalue(r, i, first + 6));
   t->claimed_at = now;
   atomic_init(&t->lease_deadline, now + visibility);
   t->delay = -1;
   atomic_init(&t->lost, 0);
-  if (!t->tenant_id || !t->shard_key || !t->payload || (!PQgetisnull(r, i, 5) && !t->batch)) {
+  if (!t->tenant_id || !t->shard_key || !t->payload || (!PQgetisnull(r, i, first + 5) && !t->batch)) {
     task_free(t);
     return NULL;
   }
   return t;
+}
+
+static struct task *task_from_row(PGresult *r, int i, double now, double visibility)
+{
+  return task_from_columns(r, i, 0, now, visibility);
+}
+
+static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility)
+{
+  return task_from_columns(r, i, 1, now, visibility);
+}
+
+/* fmt with the same string in both of its two %s. */
+static char *format_sql2(const char *fmt, const char *a)
+{
+  size_t n = strlen(fmt) + 2 * strlen(a) + 1;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, fmt, a, a);
+  return s;
 }
 
 static char *format_sql(const char *fmt, const char *a)

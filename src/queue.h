@@ -35,7 +35,18 @@ int queue_claim(struct queue *q, PGconn *c, const struct queue_scope *s, int n,
 int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
                  char *err, size_t errlen);
 
-/* Renews the leases of ids/attempts (n of them); renewed[i] = 1 for each row still ours. */
+/* One round trip: writes the outcomes of the first n tasks of list (applied[] as in
+   queue_settle) and leases up to `want` rows of the scope (new tasks in *out), in one
+   transaction. Returns the number claimed, or -1 (nothing was written or claimed). */
+int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
+                const struct queue_scope *s, int want, struct task **out, char *err,
+                size_t errlen);
+
+enum { HEARTBEAT_LOST = 0, HEARTBEAT_RENEWED = 1, HEARTBEAT_UNKNOWN = 2 };
+
+/* Renews the leases of ids/attempts (n of them). renewed[i]: HEARTBEAT_RENEWED; _LOST when
+   the row is no longer ours; _UNKNOWN when it was locked (being settled) or is gone, which
+   the next beat or the local deadline decides. */
 int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
                     char *renewed, char *err, size_t errlen);
 

@@ -1,0 +1,26 @@
+-- One round trip per dispatcher cycle: settle the outcomes that finished and claim the next
+-- rows in the same transaction, so a busy worker pays one commit per cycle instead of two.
+-- The claim runs after the settle, in statements of its own (fresh snapshots), so a shard
+-- this very cycle released can be claimed again at once; the claim keeps every property it
+-- has alone (see <table>_claim in 002).
+CREATE OR REPLACE FUNCTION {{obj:cycle}}(p_owner text, p_ids bigint[], p_attempts int[],
+                                         p_kinds text[], p_delays float8[], p_errors text[],
+                                         p_results jsonb[], p_n int, p_visibility_s float8,
+                                         p_tenants text[], p_batch text)
+RETURNS TABLE (settled boolean, id bigint, attempts int, max_attempts int, tenant_id text,
+               shard_key text, batch text, payload text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  IF cardinality(p_ids) > 0 THEN
+    RETURN QUERY
+    SELECT true, s.id, NULL::int, NULL::int, NULL::text, NULL::text, NULL::text, NULL::text
+      FROM {{obj:settle}}(p_owner, p_ids, p_attempts, p_kinds, p_delays, p_errors, p_results) s;
+  END IF;
+  IF p_n > 0 THEN
+    RETURN QUERY
+    SELECT false, c.id, c.attempts, c.max_attempts, c.tenant_id, c.shard_key, c.batch,
+           c.payload::text
+      FROM {{obj:claim}}(p_owner, p_n, p_visibility_s, p_tenants, p_batch) c;
+  END IF;
+END $$;
