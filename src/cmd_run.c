@@ -33,7 +33,7 @@ static const char run_usage[] =
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n";
 
 static const char check_usage[] =
-  "usage: leash check SCRIPT.lua\n\n"
+  "usage: leash check [--lua-path DIR]... SCRIPT.lua\n\n"
   "Loads SCRIPT.lua as `leash run` would (sandbox, setup, contract) and reports the first\n"
   "error; exit 0 when the script is fit to run.\n\n";
 
@@ -193,16 +193,26 @@ int cmd_run(struct cli *g, int argc, char **argv)
 
 int cmd_check(struct cli *g, int argc, char **argv)
 {
-  static const struct option opts[] = { CLI_GLOBAL_OPTIONS, { NULL, 0, NULL, 0 } };
-  int opt, done, rc;
+  static const struct option opts[] = {
+    CLI_GLOBAL_OPTIONS,
+    { "lua-path", required_argument, NULL, OPT_LUA_PATH },
+    { NULL, 0, NULL, 0 },
+  };
+  const char *lua_path[MAX_TENANTS];
+  int nlua_path = 0, opt, done, rc;
   g->usage = check_usage;
   opterr = 0;
   while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     rc = cli_global_option(g, opt, optarg, &done);
     if (done)
       return rc;
-    if (rc != 1)
+    if (rc == 1)
+      continue;
+    if (opt != OPT_LUA_PATH)
       return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+    if (nlua_path == MAX_TENANTS)
+      return cli_usage_error(g, "at most %d --lua-path options", MAX_TENANTS);
+    lua_path[nlua_path++] = optarg;
   }
   if (argc - optind != 1)
     return cli_usage_error(g, argc == optind ? "missing SCRIPT.lua" : "too many arguments");
@@ -212,7 +222,7 @@ int cmd_check(struct cli *g, int argc, char **argv)
   pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
   struct script_host sh = {
     .worker_id = "check", .stopping = &stopping, .wake_mu = &mu, .wake_cv = &cv,
-    .memory_limit = 256u * 1024 * 1024,
+    .memory_limit = 256u * 1024 * 1024, .lua_path = lua_path, .nlua_path = nlua_path,
   };
   char err[2048];
   struct script *s = script_load(argv[optind], &sh, err, sizeof err);
