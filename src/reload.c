@@ -5,6 +5,7 @@
 #include "log.h"
 #include "script.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #define COALESCE_S 0.2
+#define WATCH_DEPTH 4
 
 struct reload {
   struct host *h;
@@ -26,7 +28,7 @@ struct reload {
 };
 
 static void *reload_main(void *arg);
-static void watch_folder(struct reload *r, const char *path);
+static void watch_tree(struct reload *r, const char *path, int depth);
 static void try_reload(struct reload *r, const char *why);
 
 struct reload *reload_start(struct host *h)
@@ -48,9 +50,9 @@ struct reload *reload_start(struct host *h)
   const char *slash = strrchr(h->cfg->script_path, '/');
   snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - h->cfg->script_path) : 1,
            slash ? h->cfg->script_path : ".");
-  watch_folder(r, dir[0] ? dir : "/");
+  watch_tree(r, dir[0] ? dir : "/", 0);
   for (int i = 0; i < h->cfg->nlua_path; i++)
-    watch_folder(r, h->cfg->lua_path[i]);
+    watch_tree(r, h->cfg->lua_path[i], 0);
   snprintf(r->version, sizeof r->version, "%s", h->version);
   if (pthread_create(&r->thread, NULL, reload_main, r) != 0) {
     log_error("hot swap: cannot start the watcher thread");
@@ -82,11 +84,26 @@ void reload_stop(struct reload *r)
   free(r);
 }
 
-static void watch_folder(struct reload *r, const char *path)
+/* Watches path and its subfolders (modules live in lib/…), a few levels deep; hidden
+   folders (.git) are skipped. A folder created later is picked up at the next SIGHUP only. */
+static void watch_tree(struct reload *r, const char *path, int depth)
 {
   if (inotify_add_watch(r->inotify_fd, path,
-                        IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM) < 0)
+                        IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM) < 0) {
     log_warn("hot swap: cannot watch %s: %m (SIGHUP still reloads)", path);
+    return;
+  }
+  DIR *dir = depth < WATCH_DEPTH ? opendir(path) : NULL;
+  struct dirent *e;
+  while (dir && (e = readdir(dir)) != NULL) {
+    if (e->d_name[0] == '.' || e->d_type != DT_DIR)
+      continue;
+    char sub[PATH_MAX];
+    if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+      watch_tree(r, sub, depth + 1);
+  }
+  if (dir)
+    closedir(dir);
 }
 
 static void *reload_main(void *arg)
