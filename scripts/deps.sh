@@ -1,7 +1,7 @@
 # Sourced by scripts/test.sh and scripts/demo.sh: installs the Debian packages the build,
 # the tests and the demo need, when any is missing (apt-get update once, then install).
 LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted
-                libjansson-dev libcurl4-openssl-dev postgresql-15 postgresql-client-15 valgrind
+                libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev postgresql-15 postgresql-client-15 valgrind
                 util-linux iproute2 python3)
 
 deps_install() {

@@ -8,19 +8,22 @@ CREATE OR REPLACE FUNCTION {{obj:cycle}}(p_owner text, p_ids bigint[], p_attempt
                                          p_results jsonb[], p_n int, p_visibility_s float8,
                                          p_tenants text[], p_batch text)
 RETURNS TABLE (settled boolean, id bigint, attempts int, max_attempts int, tenant_id text,
-               shard_key text, batch text, payload text)
+               shard_key text, batch text, payload text, waited float8)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
   IF cardinality(p_ids) > 0 THEN
     RETURN QUERY
-    SELECT true, s.id, NULL::int, NULL::int, NULL::text, NULL::text, NULL::text, NULL::text
+    SELECT true, s.id, NULL::int, NULL::int, NULL::text, NULL::text, NULL::text, NULL::text,
+           NULL::float8
       FROM {{obj:settle}}(p_owner, p_ids, p_attempts, p_kinds, p_delays, p_errors, p_results) s;
   END IF;
   IF p_n > 0 THEN
     RETURN QUERY
     SELECT false, c.id, c.attempts, c.max_attempts, c.tenant_id, c.shard_key, c.batch,
-           c.payload::text
+           c.payload::text,
+           -- pickup latency: from runnable (created, or run_after if later) to this claim
+           extract(epoch FROM clock_timestamp() - greatest(c.run_after, c.created_at))::float8
       FROM {{obj:claim}}(p_owner, p_n, p_visibility_s, p_tenants, p_batch) c;
   END IF;
 END $$;

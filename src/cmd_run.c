@@ -30,6 +30,7 @@ static const char run_usage[] =
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
   "  --lua-memory MB       memory cap per slot's Lua state (default 256, 0 = none)\n"
   "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
+  "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n";
 
 static const char check_usage[] =
@@ -40,7 +41,7 @@ static const char check_usage[] =
 enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
-  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH,
+  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS,
 };
 
 #define MAX_TENANTS 64
@@ -66,6 +67,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "db-pool", required_argument, NULL, OPT_DB_POOL },
     { "lua-memory", required_argument, NULL, OPT_LUA_MEMORY },
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
+    { "metrics", required_argument, NULL, OPT_METRICS },
     { NULL, 0, NULL, 0 },
   };
   struct host_config cfg = {
@@ -132,6 +134,9 @@ int cmd_run(struct cli *g, int argc, char **argv)
         return cli_usage_error(g, "at most %d --lua-path options", MAX_TENANTS);
       lua_path[cfg.nlua_path++] = optarg;
       cfg.lua_path = lua_path;
+      break;
+    case OPT_METRICS:
+      cfg.metrics_addr = optarg;
       break;
     case OPT_BATCH:
       cfg.scope.batch = optarg;

@@ -19,6 +19,7 @@
 #define CLAIM_TIMEOUT_MS 5000
 #define RECONNECT_MAX_S 5.0
 #define SLOT_STACK (512 * 1024)
+#define PROGRESS_EVERY_S 10.0
 
 struct slot {
   struct host *h;
@@ -48,7 +49,6 @@ struct dispatcher {
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt, avg_duration;     /* moving averages (s): cycle round trip, task run time */
-  long claimed, done_count, retried, dead, lost, late;
 };
 
 static void *slot_main(void *arg);
@@ -58,6 +58,7 @@ static int ensure_connection(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static int cycle(struct dispatcher *d, struct task *list, int want);
 static int ready_target(const struct dispatcher *d);
+static long long log_progress(struct dispatcher *d, long long before);
 static void distribute(struct dispatcher *d, struct task *list);
 static void release_ready(struct dispatcher *d);
 static int must_give_up(struct dispatcher *d);
@@ -78,6 +79,7 @@ int host_run(const struct host_config *cfg)
   struct host h = { .cfg = cfg };
   struct dispatcher d = { .h = &h, .backoff = 0.1 };
   struct lease *lease = NULL;
+  struct metrics *metrics = NULL;
   struct queue_script_sql script_sql = { 0 };
   pthread_t sig_thread;
   int sig_started = 0, rc = 1, started = 0;
@@ -92,6 +94,7 @@ int host_run(const struct host_config *cfg)
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&h.wake_cv, &ca);
   atomic_init(&h.stopping, 0);
+  metrics_counters_init(&h.stats);
   d.done_tail = &d.done;
   d.ready_tail = &d.ready;
   h.sh = (struct script_host){
@@ -178,7 +181,13 @@ int host_run(const struct host_config *cfg)
     pthread_mutex_lock(&h.mu);   /* the signal thread reads d.reload under mu */
     d.reload = r;
     pthread_mutex_unlock(&h.mu);
-    if (lease && d.reload) {
+    if (cfg->metrics_addr && lease && d.reload) {
+      metrics = metrics_start(cfg->metrics_addr, &h, err, sizeof err);
+      if (!metrics)
+        log_error("%s", err);
+    }
+    if (lease && d.reload && (metrics || !cfg->metrics_addr)) {
+      atomic_store(&h.stats.ready, 1);
       log_info("worker %s running %d slot%s on %s", cfg->worker_id, cfg->concurrency,
                cfg->concurrency == 1 ? "" : "s", cfg->table);
       rc = dispatch(&d);
@@ -197,9 +206,11 @@ int host_run(const struct host_config *cfg)
     pthread_cond_destroy(&d.slots[i].cv);
   }
   lease_stop(lease);
-  log_info("worker %s stopped: %ld claimed, %ld done, %ld retried, %ld dead, %ld lost, "
-           "%ld late outcomes rejected", cfg->worker_id, d.claimed, d.done_count, d.retried,
-           d.dead, d.lost, d.late);
+  metrics_stop(metrics);
+  log_info("worker %s stopped: %lld claimed, %lld done, %lld retried, %lld dead, %lld lost, "
+           "%lld late outcomes rejected", cfg->worker_id, atomic_load(&h.stats.claimed),
+           atomic_load(&h.stats.done), atomic_load(&h.stats.retried),
+           atomic_load(&h.stats.dead), atomic_load(&h.stats.lost), atomic_load(&h.stats.late));
 out:
   if (sig_started) {
     pthread_kill(sig_thread, SIGUSR1);
@@ -254,7 +265,8 @@ static int dispatch(struct dispatcher *d)
 {
   struct host *h = d->h;
   const struct host_config *cfg = h->cfg;
-  double next_poll = 0, next_empty_check = 0;
+  double next_poll = 0, next_empty_check = 0, next_progress = task_now() + PROGRESS_EVERY_S;
+  long long progress_settled = 0;
   int more = 1;   /* the last claim was full: more work is likely waiting */
   int released = 0;
 
@@ -268,6 +280,10 @@ static int dispatch(struct dispatcher *d)
     h->wake = 0;
     pthread_mutex_unlock(&h->mu);
     double now = task_now();
+    if (now >= next_progress) {
+      next_progress = now + PROGRESS_EVERY_S;
+      progress_settled = log_progress(d, progress_settled);
+    }
 
     if (draining) {
       if (d->drain_deadline == 0) {
@@ -320,7 +336,7 @@ static int dispatch(struct dispatcher *d)
     }
 
     /* Nothing to do right now: wait for a slot to finish, a wake-up or the next deadline. */
-    double until = next_poll;
+    double until = next_poll < next_progress ? next_poll : next_progress;
     if (draining)
       until = released ? now + 0.1 : d->drain_deadline;
     pthread_mutex_lock(&h->mu);
@@ -341,6 +357,24 @@ static int dispatch(struct dispatcher *d)
     }
     pthread_mutex_unlock(&h->mu);
   }
+}
+
+/* One compact line every PROGRESS_EVERY_S while tasks settle; returns the settled count. */
+static long long log_progress(struct dispatcher *d, long long before)
+{
+  struct metrics_counters *c = &d->h->stats;
+  long long done = atomic_load(&c->done), retried = atomic_load(&c->retried);
+  long long dead = atomic_load(&c->dead), settled = done + retried + dead;
+  if (settled == before)
+    return settled;
+  pthread_mutex_lock(&d->h->mu);
+  int held = d->h->nheld;
+  pthread_mutex_unlock(&d->h->mu);
+  log_info("progress: %lld done, %lld retried, %lld dead, %lld lost; %.1f tasks/s; "
+           "%d/%d slots busy, %d leases held", done, retried, dead,
+           (long long)atomic_load(&c->lost), (double)(settled - before) / PROGRESS_EVERY_S,
+           atomic_load(&c->busy_slots), d->h->cfg->concurrency, held);
+  return settled;
 }
 
 /* How many claimed-but-not-started tasks to keep so slots never wait for a round trip:
@@ -424,7 +458,7 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
       pthread_mutex_unlock(&d->h->mu);
     }
     if (atomic_load(&t->lost)) {
-      d->lost++;
+      atomic_fetch_add(&d->h->stats.lost, 1);
       log_task(LOG_INFO, d->h, t, "outcome discarded: the lease was lost");
       finish_task(d, t, -1);
       continue;
@@ -458,7 +492,10 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
         finish_task(d, t, applied[i++]);
       }
       free(applied);
-      d->claimed += got;
+      atomic_fetch_add(&d->h->stats.claimed, got);
+      histogram_observe(&d->h->stats.cycle_seconds, rtt);
+      for (struct task *t = claimed; t; t = t->next)
+        histogram_observe(&d->h->stats.pickup_seconds, t->waited > 0 ? t->waited : 0);
       distribute(d, claimed);
       return got;
     }
@@ -535,17 +572,17 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
                                           : t->duration;
   if (applied == 1) {
     if (t->kind == OUTCOME_DONE)
-      d->done_count++;
+      atomic_fetch_add(&d->h->stats.done, 1);
     else if (t->kind == OUTCOME_RETRY)
-      d->retried++;
+      atomic_fetch_add(&d->h->stats.retried, 1);
     else
-      d->dead++;
+      atomic_fetch_add(&d->h->stats.dead, 1);
     if (t->kind == OUTCOME_DONE)
       log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
     else
       log_task(LOG_INFO, d->h, t, "%s: %s", kinds[t->kind], t->error ? t->error : "");
   } else if (applied == 0) {
-    d->late++;
+    atomic_fetch_add(&d->h->stats.late, 1);
     log_task(LOG_WARN, d->h, t, "late outcome rejected (%s): the lease was no longer ours",
              kinds[t->kind]);
   }
@@ -630,7 +667,10 @@ static void *slot_main(void *arg)
       }
       s->generation = generation;
     }
+    atomic_fetch_add(&h->stats.busy_slots, 1);
     script_run(s->script, t);
+    atomic_fetch_sub(&h->stats.busy_slots, 1);
+    histogram_observe(&h->stats.task_seconds, t->duration);
     pthread_mutex_lock(&h->mu);
     t->finished = 1;
     *d->done_tail = t;
@@ -708,6 +748,7 @@ static void *signal_main(void *arg)
         reload_request(d->reload);
     } else if (++d->signals == 1) {
       d->h->draining = 1;
+      atomic_store(&d->h->stats.ready, 0);
       log_info("%s: draining (a second signal stops at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");
     } else {
       log_warn("second signal: stopping at once; held leases will expire");

@@ -35,6 +35,7 @@ struct host_config {
   int db_pool;                  /* connections for leash.db.query */
   size_t lua_memory;            /* bytes per slot, 0 = none */
   struct queue_scope scope;
+  const char *metrics_addr;     /* --metrics HOST:PORT, or NULL */
   const char *const *lua_path;  /* extra folders for require, searched after the script's */
   int nlua_path;
 };

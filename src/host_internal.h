@@ -6,6 +6,7 @@
 #define LEASH_HOST_INTERNAL_H
 
 #include "host.h"
+#include "metrics.h"
 #include "script.h"
 #include "task.h"
 
@@ -26,6 +27,7 @@ struct host {
   int nheld, capheld;
   int wake;                     /* a NOTIFY or reap made work runnable */
   int draining;                 /* no more claims */
+  struct metrics_counters stats;   /* lock-free; read by metrics.c and the exit summary */
   unsigned generation;          /* bumped with each new script text (reload.c) */
   char *script_text;            /* the script's text of that generation: slots load this, */
   size_t script_len;            /* not the file, which may have changed since the probe */

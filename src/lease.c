@@ -15,6 +15,7 @@
 
 #define HEARTBEAT_TIMEOUT_MS 3000
 #define REAP_EVERY_S 1.0
+#define DEPTH_EVERY_S 10.0
 #define RECONNECT_MIN_S 0.1
 #define RECONNECT_MAX_S 5.0
 
@@ -34,6 +35,7 @@ static void heartbeat(struct lease *l);
 static void expire_locally(struct host *h);
 static void reap(struct lease *l);
 static void read_notifications(struct lease *l);
+static void sample_depth(struct lease *l);
 
 struct lease *lease_start(struct host *h)
 {
@@ -77,7 +79,7 @@ static void *lease_main(void *arg)
   struct lease *l = arg;
   struct host *h = l->h;
   double now = task_now();
-  double next_beat = now + h->cfg->heartbeat, next_reap = now;
+  double next_beat = now + h->cfg->heartbeat, next_reap = now, next_depth = now;
   for (;;) {
     now = task_now();
     int connected = ensure_connection(l);
@@ -104,6 +106,10 @@ static void *lease_main(void *arg)
       next_reap = now + REAP_EVERY_S;
       reap(l);
     }
+    if (h->cfg->metrics_addr && now >= next_depth && l->conn) {
+      next_depth = now + DEPTH_EVERY_S;
+      sample_depth(l);
+    }
   }
   return NULL;
 }
@@ -125,6 +131,7 @@ static int ensure_connection(struct lease *l)
       db_command(l->conn, listen, err, sizeof err) == 0) {
     free(listen);
     l->backoff = RECONNECT_MIN_S;
+    atomic_store(&l->h->stats.db_up, 1);
     /* Rows may have arrived while we were away: let the dispatcher look. */
     host_wake(l->h);
     return 1;
@@ -144,6 +151,7 @@ static void drop_connection(struct lease *l, const char *why)
 {
   log_warn("lease thread: %s", why);
   if (PQstatus(l->conn) == CONNECTION_BAD) {
+    atomic_store(&l->h->stats.db_up, 0);
     PQfinish(l->conn);
     l->conn = NULL;
     l->next_connect = task_now();
@@ -227,6 +235,19 @@ static void reap(struct lease *l)
     log_info("reaped %d expired lease%s", n, n == 1 ? "" : "s");
     host_wake(l->h);
   }
+}
+
+static void sample_depth(struct lease *l)
+{
+  long long depth[3];
+  char err[DB_ERR_MAX];
+  if (queue_depth(l->q, l->conn, depth, err, sizeof err) != 0) {
+    drop_connection(l, err);
+    return;
+  }
+  atomic_store(&l->h->stats.queue_runnable, depth[0]);
+  atomic_store(&l->h->stats.queue_scheduled, depth[1]);
+  atomic_store(&l->h->stats.queue_leased, depth[2]);
 }
 
 static void read_notifications(struct lease *l)

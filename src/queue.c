@@ -6,6 +6,7 @@
 #include <string.h>
 
 struct queue {
+  char *depth_sql;
   char *claim_sql, *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
   char *owner;
   char visibility[32];
@@ -43,8 +44,14 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "SELECT id FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], "
     "$7::jsonb[])", settle);
   q->reap_sql = format_sql("SELECT count(*) FROM %s()", reap);
+  /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
+  q->depth_sql = format_sql(
+    "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), "
+    "       count(*) FILTER (WHERE status = 'pending' AND run_after > now()), "
+    "       count(*) FILTER (WHERE status = 'leased') "
+    "  FROM %s WHERE status IN ('pending', 'leased')", t->qualified);
   q->cycle_sql = format_sql(
-    "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload "
+    "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited "
     "FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], $7::jsonb[], "
     "$8::int, $9::float8, $10::text[], $11)", cycle);
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::int[])", release);
@@ -71,7 +78,7 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
   if (!q->claim_sql || !q->settle_sql || !q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
-      !q->open_sql || !q->owner || !q->cycle_sql)
+      !q->open_sql || !q->owner || !q->cycle_sql || !q->depth_sql)
     goto fail;
   free(cycle);
   free(claim);
@@ -100,6 +107,7 @@ void queue_free(struct queue *q)
   free(q->release_sql);
   free(q->open_sql);
   free(q->cycle_sql);
+  free(q->depth_sql);
   free(q->owner);
   free(q);
 }
@@ -315,6 +323,17 @@ out:
   return rc;
 }
 
+int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t errlen)
+{
+  PGresult *r = db_exec(c, q->depth_sql, 0, NULL, err, errlen);
+  if (!r)
+    return -1;
+  for (int i = 0; i < 3; i++)
+    out[i] = strtoll(PQgetvalue(r, 0, i), NULL, 10);
+  PQclear(r);
+  return 0;
+}
+
 int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, char *err,
                      size_t errlen)
 {
@@ -444,7 +463,10 @@ static struct task *task_from_row(PGresult *r, int i, double now, double visibil
 
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility)
 {
-  return task_from_columns(r, i, 1, now, visibility);
+  struct task *t = task_from_columns(r, i, 1, now, visibility);
+  if (t)
+    t->waited = atof(PQgetvalue(r, i, 8));
+  return t;
 }
 
 /* fmt with the same string in both of its two %s. */

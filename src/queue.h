@@ -74,6 +74,9 @@ struct queue_script_sql {
 int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db_table *t);
 void queue_script_sql_free(struct queue_script_sql *s);
 
+/* Queue depth for metrics: runnable, scheduled (pending later), leased. 0 or -1. */
+int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t errlen);
+
 /* A text[] literal ({"a","b"}) of n strings, escaped; malloc'd, NULL when out of memory. */
 char *queue_array_literal(const char *const *values, int n);
 

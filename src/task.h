@@ -24,6 +24,7 @@ struct task {
   char *batch;            /* NULL when the row has none */
   char *payload;          /* JSON text */
   double claimed_at;      /* monotonic seconds */
+  double waited;          /* seconds from runnable to claim (pickup latency), server clock */
   /* Monotonic: past it, with no renewal, the lease counts as lost. Moved by the lease
      thread, read by the slot before every side effect: atomic. */
   _Atomic double lease_deadline;

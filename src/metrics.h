@@ -1,0 +1,42 @@
+/*
+ * metrics: what `leash run --metrics HOST:PORT` serves (Prometheus text format, on
+ * libmicrohttpd's own thread): counters and histograms the host updates lock-free, gauges
+ * read when scraped, queue depth sampled by the lease thread. /healthz answers 200 while the
+ * process can reach the database (its lease connection is up), /readyz while it takes work.
+ */
+#ifndef LEASH_METRICS_H
+#define LEASH_METRICS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#define METRICS_BUCKETS 17
+
+struct histogram {
+  atomic_llong buckets[METRICS_BUCKETS + 1];   /* cumulative at render time; last is +Inf */
+  atomic_llong sum_us;
+  atomic_llong count;
+};
+
+/* Counters, explained where they are counted (host.c): each task settles exactly once as
+   done, retried or dead, or is counted lost (outcome discarded) or late (fence rejected). */
+struct metrics_counters {
+  atomic_llong claimed, done, retried, dead, lost, late;
+  atomic_int busy_slots;
+  struct histogram task_seconds, cycle_seconds, pickup_seconds;
+  atomic_llong queue_runnable, queue_scheduled, queue_leased;   /* -1 until sampled */
+  atomic_int db_up;        /* the lease connection is up */
+  atomic_int ready;        /* slots started and not draining */
+};
+
+void metrics_counters_init(struct metrics_counters *c);
+void histogram_observe(struct histogram *h, double seconds);
+
+struct host;
+struct metrics;
+
+/* Serves on addr ("HOST:PORT", "[::1]:PORT" or ":PORT"); NULL with err when it cannot. */
+struct metrics *metrics_start(const char *addr, struct host *h, char *err, size_t errlen);
+void metrics_stop(struct metrics *m);
+
+#endif
