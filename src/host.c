@@ -20,6 +20,7 @@
 #define RECONNECT_MAX_S 5.0
 #define SLOT_STACK (512 * 1024)
 #define PROGRESS_EVERY_S 10.0
+#define IDLE_POLL_MAX_S 5.0
 
 struct slot {
   struct host *h;
@@ -49,6 +50,7 @@ struct dispatcher {
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt, avg_duration;     /* moving averages (s): cycle round trip, task run time */
+  double next_due;                  /* from the last short claim: s until a row is due, or -1 */
 };
 
 static void *slot_main(void *arg);
@@ -68,6 +70,7 @@ static void held_add(struct host *h, struct task *t);
 static void held_remove(struct host *h, struct task *t);
 static void release_running(struct dispatcher *d);
 static double jitter_poll(const struct host_config *cfg);
+static double next_idle_poll(const struct host_config *cfg, double current, int empty);
 static void log_task(enum log_level lvl, const struct host *h, const struct task *t,
                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
@@ -97,6 +100,7 @@ int host_run(const struct host_config *cfg)
   metrics_counters_init(&h.stats);
   d.done_tail = &d.done;
   d.ready_tail = &d.ready;
+  d.next_due = -1;
   h.sh = (struct script_host){
     .worker_id = cfg->worker_id, .stopping = &h.stopping, .wake_mu = &h.wake_mu,
     .wake_cv = &h.wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
@@ -268,6 +272,7 @@ static int dispatch(struct dispatcher *d)
   double next_poll = 0, next_empty_check = 0, next_progress = task_now() + PROGRESS_EVERY_S;
   long long progress_settled = 0;
   int more = 1;   /* the last claim was full: more work is likely waiting */
+  double idle_poll = 0;   /* grows while claims come back empty; see next_idle_poll */
   int released = 0;
 
   for (;;) {
@@ -315,8 +320,15 @@ static int dispatch(struct dispatcher *d)
         int got = cycle(d, finished, claim_now ? want : 0);
         if (claim_now && got >= 0) {
           more = got == want;
-          if (!more)
-            next_poll = now + jitter_poll(cfg);
+          if (got > 0 || woken)
+            idle_poll = 0;
+          if (!more) {
+            idle_poll = next_idle_poll(cfg, idle_poll, got == 0);
+            next_poll = now + idle_poll;
+            /* A row due sooner (a retry's backoff, a --delay) is claimed when it is due. */
+            if (d->next_due >= 0 && now + d->next_due + 0.002 < next_poll)
+              next_poll = now + d->next_due + 0.002;
+          }
         }
         if (claim_now && got == 0 && cfg->until_empty && nheld == 0 && !finished &&
             now >= next_empty_check) {
@@ -481,7 +493,7 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
     struct task *claimed = NULL;
     double start = task_now();
     int got = queue_cycle(d->q, d->conn, keep, n, applied, &d->h->cfg->scope, want, &claimed,
-                          err, sizeof err);
+                          &d->next_due, err, sizeof err);
     if (got >= 0) {
       double rtt = task_now() - start;
       d->avg_rtt = d->avg_rtt > 0 ? 0.9 * d->avg_rtt + 0.1 * rtt : rtt;
@@ -779,6 +791,20 @@ static void held_remove(struct host *h, struct task *t)
       h->held[i] = h->held[--h->nheld];
       return;
     }
+}
+
+/* The fallback poll while idle: --poll-ms (jittered) at first, doubling after each empty
+   claim up to IDLE_POLL_MAX_S. NOTIFY (inserts, reaped and released rows) and the due time
+   of scheduled rows wake the dispatcher sooner, so an idle process costs well under one
+   statement per second and still picks up work at once. */
+static double next_idle_poll(const struct host_config *cfg, double current, int empty)
+{
+  double base = jitter_poll(cfg);
+  if (!empty || current <= 0)
+    return base;
+  double next = current * 2;
+  double cap = IDLE_POLL_MAX_S > base ? IDLE_POLL_MAX_S : base;
+  return next > cap ? cap : next;
 }
 
 static double jitter_poll(const struct host_config *cfg)

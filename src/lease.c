@@ -14,7 +14,8 @@
 #include <unistd.h>
 
 #define HEARTBEAT_TIMEOUT_MS 3000
-#define REAP_EVERY_S 1.0
+#define REAP_MIN_S 1.0
+#define REAP_MAX_S 15.0
 #define DEPTH_EVERY_S 10.0
 #define RECONNECT_MIN_S 0.1
 #define RECONNECT_MAX_S 5.0
@@ -80,6 +81,10 @@ static void *lease_main(void *arg)
   struct host *h = l->h;
   double now = task_now();
   double next_beat = now + h->cfg->heartbeat, next_reap = now, next_depth = now;
+  /* Expired leases matter after a visibility has passed: a quarter of it, 1-15 s, keeps a
+     crashed peer's tasks waiting at most 1.25 visibilities and an idle fleet quiet. */
+  double reap_every = h->cfg->visibility / 4;
+  reap_every = reap_every < REAP_MIN_S ? REAP_MIN_S : reap_every > REAP_MAX_S ? REAP_MAX_S : reap_every;
   for (;;) {
     now = task_now();
     int connected = ensure_connection(l);
@@ -103,7 +108,7 @@ static void *lease_main(void *arg)
       heartbeat(l);
     }
     if (now >= next_reap) {
-      next_reap = now + REAP_EVERY_S;
+      next_reap = now + reap_every;
       reap(l);
     }
     if (h->cfg->metrics_addr && now >= next_depth && l->conn) {

@@ -223,8 +223,8 @@ int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *app
 }
 
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                const struct queue_scope *s, int want, struct task **out, char *err,
-                size_t errlen)
+                const struct queue_scope *s, int want, struct task **out, double *next_due,
+                char *err, size_t errlen)
 {
   struct text a[6];
   char nbuf[16];
@@ -246,7 +246,13 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
     mark_applied(r, 0, list, n, applied);
   int claimed = 0;
   struct task **tail = out;
+  *next_due = -1;
   for (int row = 0; row < PQntuples(r); row++) {
+    if (PQgetisnull(r, row, 0)) {   /* the short-claim row: when the next row is due */
+      if (!PQgetisnull(r, row, 8))
+        *next_due = atof(PQgetvalue(r, row, 8));
+      continue;
+    }
     if (strcmp(PQgetvalue(r, row, 0), "t") == 0)
       continue;
     struct task *t = task_from_cycle_row(r, row, now, q->visibility_s);

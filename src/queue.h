@@ -37,10 +37,12 @@ int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *app
 
 /* One round trip: writes the outcomes of the first n tasks of list (applied[] as in
    queue_settle) and leases up to `want` rows of the scope (new tasks in *out), in one
-   transaction. Returns the number claimed, or -1 (nothing was written or claimed). */
+   transaction. Returns the number claimed, or -1 (nothing was written or claimed). When
+   the claim came back short, *next_due is the number of seconds until the next pending row
+   of the scope becomes runnable (-1: none, or the claim was full). */
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                const struct queue_scope *s, int want, struct task **out, char *err,
-                size_t errlen);
+                const struct queue_scope *s, int want, struct task **out, double *next_due,
+                char *err, size_t errlen);
 
 enum { HEARTBEAT_LOST = 0, HEARTBEAT_RENEWED = 1, HEARTBEAT_UNKNOWN = 2 };
 

@@ -1,0 +1,162 @@
+/* leash inspect: one task's row, its stored steps, and what is known of its history. */
+#include "commands.h"
+#include "migrate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+  "usage: leash inspect ID [--json]\n\n"
+  "Prints a task's row (every column: status, attempts, last_error, payload, result, ...),\n"
+  "the duration of its last attempt, and the steps stored for it (leash.step results, kept\n"
+  "while the task is pending, leased or dead). leash keeps no per-attempt history: only the\n"
+  "last attempt's error and timestamps are on the row.\n\n"
+  "options:\n"
+  "  --json                one JSON object: {\"task\": the row, \"steps\": [...], \"history\": null}\n\n";
+
+enum { OPT_JSON = OPT_COMMAND_BASE };
+
+/* %s: the table. */
+static const char row_fmt[] =
+  "SELECT q.*, extract(epoch FROM q.finished_at - q.started_at)::float8 AS last_attempt_s "
+  "  FROM %s q WHERE q.id = $1::bigint";
+
+/* %s: the steps table. */
+static const char steps_fmt[] =
+  "SELECT name, attempt, created_at, result::text FROM %s "
+  " WHERE task_id = $1::bigint ORDER BY created_at, name";
+
+/* %s: the table, then the steps table. The row as PostgreSQL renders it (every column, the
+   payload's numbers exactly as stored), pasted into one object. */
+static const char json_fmt[] =
+  "SELECT '{\"task\":' || row_to_json(q)::text || ',\"steps\":' || "
+  "       coalesce((SELECT '[' || string_agg(row_to_json(s)::text, ',' "
+  "                                          ORDER BY s.created_at, s.name) || ']' "
+  "                   FROM (SELECT name, attempt, created_at, result FROM %s "
+  "                          WHERE task_id = q.id) s), '[]') || "
+  "       ',\"history\":null}' "
+  "  FROM %s q WHERE q.id = $1::bigint";
+
+static void print_text(PGresult *row, PGresult *steps);
+static void print_value(const char *v, int indent);
+
+int cmd_inspect(struct cli *g, int argc, char **argv)
+{
+  static const struct option opts[] = {
+    CLI_GLOBAL_OPTIONS,
+    { "json", no_argument, NULL, OPT_JSON },
+    { NULL, 0, NULL, 0 },
+  };
+  int as_json = 0, opt, done, rc;
+  long id;
+  g->usage = usage;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    rc = cli_global_option(g, opt, optarg, &done);
+    if (done)
+      return rc;
+    if (rc == 1)
+      continue;
+    switch (opt) {
+    case OPT_JSON: as_json = 1; break;
+    default:
+      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (argc - optind != 1)
+    return cli_usage_error(g, optind < argc ? "one task id only" : "missing the task ID");
+  const char *ids = argv[optind];
+  if (cli_parse_int(ids, 1, 9223372036854775807L, &id) != 0)
+    return cli_usage_error(g, "ID must be a task id (an integer >= 1), not '%s'", ids);
+
+  PGconn *c;
+  struct db_table t;
+  if ((rc = cli_open(g, "inspect", &c, &t)) != EXIT_OK)
+    return rc;
+  char err[DB_ERR_MAX], idbuf[24];
+  snprintf(idbuf, sizeof idbuf, "%ld", id);
+  const char *params[] = { idbuf };
+  char *steps_t = NULL, *sql = NULL;
+  PGresult *row = NULL, *steps = NULL;
+  rc = EXIT_RUNTIME;
+  if (migrate_check(c, &t, err, sizeof err) != 0)
+    goto fail;
+  if (!(steps_t = db_table_object(&t, c, "steps", 1))) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
+  size_t n = sizeof json_fmt + strlen(t.qualified) + strlen(steps_t) + sizeof row_fmt;
+  if (!(sql = malloc(n))) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
+  if (as_json) {
+    snprintf(sql, n, json_fmt, steps_t, t.qualified);
+    if (!(row = db_exec(c, sql, 1, params, err, sizeof err)))
+      goto fail;
+  } else {
+    /* Row and steps from one snapshot. */
+    if (db_command(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err, sizeof err) != 0)
+      goto fail;
+    snprintf(sql, n, row_fmt, t.qualified);
+    if (!(row = db_exec(c, sql, 1, params, err, sizeof err)))
+      goto fail;
+    snprintf(sql, n, steps_fmt, steps_t);
+    if (!(steps = db_exec(c, sql, 1, params, err, sizeof err)))
+      goto fail;
+    db_command(c, "COMMIT", err, sizeof err);
+  }
+  if (PQntuples(row) == 0) {
+    rc = cli_runtime_error(g, "no task with id %ld in %s", id, g->table);
+    goto out;
+  }
+  if (as_json)
+    printf("%s\n", PQgetvalue(row, 0, 0));
+  else
+    print_text(row, steps);
+  rc = EXIT_OK;
+  goto out;
+fail:
+  rc = cli_runtime_error(g, "%s", err);
+out:
+  PQclear(row);
+  PQclear(steps);
+  free(sql);
+  free(steps_t);
+  cli_close(c, &t);
+  return rc;
+}
+
+/* Every column, name padded to the longest; NULL shows as "-". */
+static void print_text(PGresult *row, PGresult *steps)
+{
+  int width = 0, nf = PQnfields(row);
+  for (int i = 0; i < nf; i++)
+    if ((int)strlen(PQfname(row, i)) > width)
+      width = (int)strlen(PQfname(row, i));
+  for (int i = 0; i < nf; i++) {
+    printf("%-*s  ", width, PQfname(row, i));
+    print_value(PQgetisnull(row, 0, i) ? "-" : PQgetvalue(row, 0, i), width + 2);
+  }
+  int ns = PQntuples(steps);
+  printf("%-*s  %d stored%s\n", width, "steps", ns, ns ? ":" : "");
+  for (int i = 0; i < ns; i++) {
+    printf("  %s  (attempt %s, %s)  ", PQgetvalue(steps, i, 0), PQgetvalue(steps, i, 1),
+           PQgetvalue(steps, i, 2));
+    print_value(PQgetisnull(steps, i, 3) ? "null" : PQgetvalue(steps, i, 3), 4);
+  }
+  printf("%-*s  not kept: the row holds the last attempt only (last_error, started_at,\n"
+         "%-*s  finished_at); see the logs for earlier attempts\n", width, "history", width, "");
+}
+
+/* Prints v and a newline; lines after the first are indented, so a traceback stays readable. */
+static void print_value(const char *v, int indent)
+{
+  for (const char *p = v; *p; p++) {
+    putchar(*p);
+    if (*p == '\n' && p[1])
+      printf("%*s", indent, "");
+  }
+  putchar('\n');
+}

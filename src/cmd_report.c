@@ -1,0 +1,77 @@
+/* leash report: a batch's summary (totals, attempts, durations, dead reasons, wall time). */
+#include "commands.h"
+#include "migrate.h"
+#include "report.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char usage[] =
+  "usage: leash report [--batch B] [--tenant T]... [--json]\n\n"
+  "Summarises a batch (or the whole table): tasks per status, how many attempts tasks took,\n"
+  "retries, durations of done tasks (p50, p95, max of their last attempt), the most frequent\n"
+  "dead reasons with example ids, and the wall time from the first claim to the last finish.\n"
+  "All numbers come from one snapshot.\n\n"
+  "options:\n"
+  "  --batch B             only this batch\n"
+  "  --tenant T            only this tenant (repeatable)\n"
+  "  --json                one JSON object (fields documented in README.md)\n\n";
+
+enum { OPT_TENANT = OPT_COMMAND_BASE, OPT_BATCH, OPT_JSON };
+
+#define MAX_TENANTS 64
+
+int cmd_report(struct cli *g, int argc, char **argv)
+{
+  static const struct option opts[] = {
+    CLI_GLOBAL_OPTIONS,
+    { "tenant", required_argument, NULL, OPT_TENANT },
+    { "batch", required_argument, NULL, OPT_BATCH },
+    { "json", no_argument, NULL, OPT_JSON },
+    { NULL, 0, NULL, 0 },
+  };
+  const char *tenants[MAX_TENANTS], *batch = NULL;
+  size_t ntenants = 0;
+  int as_json = 0, opt, done, rc;
+  g->usage = usage;
+  opterr = 0;
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    rc = cli_global_option(g, opt, optarg, &done);
+    if (done)
+      return rc;
+    if (rc == 1)
+      continue;
+    switch (opt) {
+    case OPT_TENANT:
+      if (ntenants == MAX_TENANTS)
+        return cli_usage_error(g, "at most %d --tenant options", MAX_TENANTS);
+      tenants[ntenants++] = optarg;
+      break;
+    case OPT_BATCH: batch = optarg; break;
+    case OPT_JSON: as_json = 1; break;
+    default:
+      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc)
+    return cli_usage_error(g, "unexpected argument '%s'", argv[optind]);
+
+  char *tenant_array = NULL;
+  if (ntenants && !(tenant_array = report_text_array(tenants, ntenants)))
+    return cli_runtime_error(g, "out of memory");
+  PGconn *c;
+  struct db_table t;
+  if ((rc = cli_open(g, "report", &c, &t)) != EXIT_OK) {
+    free(tenant_array);
+    return rc;
+  }
+  char err[DB_ERR_MAX];
+  if (migrate_check(c, &t, err, sizeof err) != 0 ||
+      report_print(c, &t, tenant_array, batch, as_json, stdout, err, sizeof err) != 0)
+    rc = cli_runtime_error(g, "%s", err);
+  else
+    rc = EXIT_OK;
+  free(tenant_array);
+  cli_close(c, &t);
+  return rc;
+}

@@ -1,0 +1,236 @@
+/* report: a scope's summary in one statement, printed as text or JSON. See report.h. */
+#include "report.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* %s is the queue table, then REPORT_EXAMPLE_IDS and REPORT_TOP_REASONS. $1 tenants (text[] or NULL), $2 batch, $3 the table's quoted name
+   (for regclass). Built as JSON by PostgreSQL so that C only formats it. Dead reasons are
+   grouped by the first line of last_error (a Lua traceback's first line names the place
+   and the message), cut at 200 characters. Durations are those of done tasks' last attempt:
+   started_at is set by every claim, finished_at by every settle. */
+static const char report_fmt[] =
+  "WITH s AS MATERIALIZED ("
+  "  SELECT id, status, attempts, started_at, finished_at,"
+  "         CASE WHEN status = 'done' AND finished_at IS NOT NULL AND started_at IS NOT NULL"
+  "              THEN extract(epoch FROM finished_at - started_at)::float8 END AS d,"
+  "         CASE WHEN status = 'dead'"
+  "              THEN coalesce(nullif(left(split_part(last_error, E'\\n', 1), 200), ''),"
+  "                            '(no message)') END AS reason"
+  "    FROM %s"
+  "   WHERE ($1::text[] IS NULL OR tenant_id = ANY ($1::text[]))"
+  "     AND ($2::text IS NULL OR batch = $2::text)"
+  "), a AS ("
+  "  SELECT count(*) AS total,"
+  "         count(*) FILTER (WHERE status = 'pending') AS pending,"
+  "         count(*) FILTER (WHERE status = 'leased') AS leased,"
+  "         count(*) FILTER (WHERE status = 'done') AS done,"
+  "         count(*) FILTER (WHERE status = 'dead') AS dead,"
+  "         coalesce(sum(greatest(attempts - 1, 0)), 0) AS retries,"
+  "         count(*) FILTER (WHERE attempts > 1) AS retried_tasks,"
+  "         count(d) AS timed,"
+  "         percentile_disc(0.5) WITHIN GROUP (ORDER BY d) AS p50,"
+  "         percentile_disc(0.95) WITHIN GROUP (ORDER BY d) AS p95,"
+  "         max(d) AS dmax,"
+  "         min(started_at) AS first_claim,"
+  "         max(finished_at) FILTER (WHERE status IN ('done', 'dead')) AS last_finish,"
+  "         count(DISTINCT reason) AS reasons"
+  "    FROM s"
+  ")"
+  "SELECT json_build_object("
+  "  'table', $3::regclass::text,"
+  "  'tenants', to_json($1::text[]),"
+  "  'batch', $2::text,"
+  "  'counts', json_build_object('pending', a.pending, 'leased', a.leased,"
+  "                              'done', a.done, 'dead', a.dead),"
+  "  'total', a.total,"
+  "  'settled', a.pending + a.leased = 0,"
+  "  'attempts', (SELECT coalesce(json_object_agg(k.attempts, k.n ORDER BY k.attempts), '{}')"
+  "                 FROM (SELECT attempts, count(*) AS n FROM s GROUP BY attempts) k),"
+  "  'retries', a.retries,"
+  "  'retried_tasks', a.retried_tasks,"
+  "  'duration_s', json_build_object('count', a.timed, 'p50', a.p50, 'p95', a.p95,"
+  "                                  'max', a.dmax),"
+  "  'dead_reasons', (SELECT coalesce(json_agg(json_build_object('reason', r.reason,"
+  "                                     'count', r.n, 'example_ids', r.ids)"
+  "                                   ORDER BY r.n DESC, r.reason), '[]')"
+  "                     FROM (SELECT reason, count(*) AS n,"
+  "                                  (array_agg(id ORDER BY id))[1:%d] AS ids"
+  "                             FROM s WHERE status = 'dead' GROUP BY reason"
+  "                            ORDER BY count(*) DESC, reason LIMIT %d) r),"
+  "  'dead_reasons_total', a.reasons,"
+  "  'first_claim_at', to_char(a.first_claim AT TIME ZONE 'UTC',"
+  "                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
+  "  'last_finish_at', to_char(a.last_finish AT TIME ZONE 'UTC',"
+  "                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
+  "  'wall_s', extract(epoch FROM a.last_finish - a.first_claim)::float8"
+  ")::text FROM a";
+
+static void print_text(const json_t *r, FILE *out);
+static json_int_t get_int(const json_t *o, const char *key);
+static void print_seconds(FILE *out, const char *label, const json_t *v);
+
+int report_print(PGconn *c, const struct db_table *t, const char *tenants, const char *batch,
+                 int as_json, FILE *out, char *err, size_t errlen)
+{
+  char sql[sizeof report_fmt + 256];
+  snprintf(sql, sizeof sql, report_fmt, t->qualified, REPORT_EXAMPLE_IDS, REPORT_TOP_REASONS);
+  const char *params[] = { tenants, batch, t->qualified };
+  PGresult *res = db_exec(c, sql, 3, params, err, errlen);
+  if (!res)
+    return -1;
+  json_error_t je;
+  json_t *r = json_loads(PQgetvalue(res, 0, 0), 0, &je);
+  PQclear(res);
+  if (!r) {
+    snprintf(err, errlen, "report: unreadable JSON from the server: %s", je.text);
+    return -1;
+  }
+  if (as_json) {
+    char *s = json_dumps(r, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s)
+      fprintf(out, "%s\n", s);
+    free(s);
+  } else {
+    print_text(r, out);
+  }
+  fflush(out);
+  json_decref(r);
+  return 0;
+}
+
+char *report_text_array(const char *const *items, size_t n)
+{
+  size_t len = 3;
+  for (size_t i = 0; i < n; i++)
+    len += 2 * strlen(items[i]) + 3;
+  char *s = malloc(len), *p = s;
+  if (!s)
+    return NULL;
+  *p++ = '{';
+  for (size_t i = 0; i < n; i++) {
+    if (i)
+      *p++ = ',';
+    *p++ = '"';
+    for (const char *q = items[i]; *q; q++) {
+      if (*q == '"' || *q == '\\')
+        *p++ = '\\';
+      *p++ = *q;
+    }
+    *p++ = '"';
+  }
+  *p++ = '}';
+  *p = '\0';
+  return s;
+}
+
+void report_format_duration(double secs, char *buf, size_t buflen)
+{
+  if (!isfinite(secs) || secs < 0) {
+    snprintf(buf, buflen, "-");
+    return;
+  }
+  if (secs < 1) {
+    snprintf(buf, buflen, "%.0fms", secs * 1000);
+    return;
+  }
+  if (secs < 60) {
+    snprintf(buf, buflen, "%.1fs", secs);
+    return;
+  }
+  long long s = llround(secs);
+  if (s < 3600)
+    snprintf(buf, buflen, "%lldm %llds", s / 60, s % 60);
+  else if (s < 86400)
+    snprintf(buf, buflen, "%lldh %lldm", s / 3600, s % 3600 / 60);
+  else
+    snprintf(buf, buflen, "%lldd %lldh", s / 86400, s % 86400 / 3600);
+}
+
+static json_int_t get_int(const json_t *o, const char *key)
+{
+  return json_integer_value(json_object_get(o, key));
+}
+
+/* "label  1.2s" or "label  -" when v is null. */
+static void print_seconds(FILE *out, const char *label, const json_t *v)
+{
+  char buf[32];
+  if (json_is_number(v))
+    report_format_duration(json_number_value(v), buf, sizeof buf);
+  else
+    snprintf(buf, sizeof buf, "-");
+  fprintf(out, "%s %s", label, buf);
+}
+
+static void print_text(const json_t *r, FILE *out)
+{
+  const json_t *counts = json_object_get(r, "counts");
+  const json_t *tenants = json_object_get(r, "tenants");
+  const char *batch = json_string_value(json_object_get(r, "batch"));
+
+  fprintf(out, "report     table %s", json_string_value(json_object_get(r, "table")));
+  if (batch)
+    fprintf(out, ", batch %s", batch);
+  if (json_array_size(tenants) > 0) {
+    fprintf(out, ", tenant%s ", json_array_size(tenants) > 1 ? "s" : "");
+    for (size_t i = 0; i < json_array_size(tenants); i++)
+      fprintf(out, "%s%s", i ? "," : "", json_string_value(json_array_get(tenants, i)));
+  }
+  fprintf(out, "\n");
+
+  json_int_t open = get_int(counts, "pending") + get_int(counts, "leased");
+  fprintf(out, "tasks      %lld: done %lld, dead %lld, pending %lld, leased %lld%s\n",
+          (long long)get_int(r, "total"), (long long)get_int(counts, "done"),
+          (long long)get_int(counts, "dead"), (long long)get_int(counts, "pending"),
+          (long long)get_int(counts, "leased"), open ? " (not settled yet)" : "");
+
+  const char *key;
+  const json_t *v;
+  fprintf(out, "attempts  ");
+  json_object_foreach((json_t *)json_object_get(r, "attempts"), key, v)
+    fprintf(out, " %s: %lld", key, (long long)json_integer_value(v));
+  fprintf(out, "\n");
+  fprintf(out, "retries    %lld (on %lld task%s)\n", (long long)get_int(r, "retries"),
+          (long long)get_int(r, "retried_tasks"), get_int(r, "retried_tasks") == 1 ? "" : "s");
+
+  const json_t *d = json_object_get(r, "duration_s");
+  if (get_int(d, "count") > 0) {
+    fprintf(out, "duration  ");
+    print_seconds(out, " p50", json_object_get(d, "p50"));
+    print_seconds(out, ", p95", json_object_get(d, "p95"));
+    print_seconds(out, ", max", json_object_get(d, "max"));
+    fprintf(out, " (%lld done task%s, last attempt)\n", (long long)get_int(d, "count"),
+            get_int(d, "count") == 1 ? "" : "s");
+  } else {
+    fprintf(out, "duration   - (no done task with timings)\n");
+  }
+
+  const json_t *wall = json_object_get(r, "wall_s");
+  if (json_is_number(wall)) {
+    print_seconds(out, "wall      ", wall);
+    fprintf(out, " (first claim %s, last finish %s)\n",
+            json_string_value(json_object_get(r, "first_claim_at")),
+            json_string_value(json_object_get(r, "last_finish_at")));
+  } else {
+    fprintf(out, "wall       - (nothing claimed and finished yet)\n");
+  }
+
+  const json_t *reasons = json_object_get(r, "dead_reasons");
+  if (json_array_size(reasons) == 0)
+    return;
+  fprintf(out, "dead reasons (most frequent first):\n");
+  for (size_t i = 0; i < json_array_size(reasons); i++) {
+    const json_t *e = json_array_get(reasons, i), *ids = json_object_get(e, "example_ids");
+    fprintf(out, "  %6lld  %s\n          e.g. id", (long long)get_int(e, "count"),
+            json_string_value(json_object_get(e, "reason")));
+    for (size_t j = 0; j < json_array_size(ids); j++)
+      fprintf(out, "%s %lld", j ? "," : "", (long long)json_integer_value(json_array_get(ids, j)));
+    fprintf(out, "\n");
+  }
+  json_int_t more = get_int(r, "dead_reasons_total") - (json_int_t)json_array_size(reasons);
+  if (more > 0)
+    fprintf(out, "  (and %lld more reason%s)\n", (long long)more, more == 1 ? "" : "s");
+}
