@@ -405,6 +405,15 @@ static int l_enqueue(lua_State *L)
   lua_pushstring(L, json);                                 /* 3: payload text */
   free(json);
   const char *tenant = (lua_getfield(L, 1, "tenant_id"), luaL_optstring(L, -1, NULL));   /* 4 */
+  /* A worker scoped to some tenants cannot create work for others. */
+  if (tenant && h->ntenants > 0) {
+    int inside = 0;
+    for (int i = 0; i < h->ntenants; i++)
+      inside |= strcmp(h->tenants[i], tenant) == 0;
+    if (!inside)
+      return luaL_error(L, "leash.enqueue: tenant_id '%s' is outside this worker's --tenant scope",
+                        tenant);
+  }
   const char *shard = (lua_getfield(L, 1, "shard_key"), luaL_optstring(L, -1, NULL));    /* 5 */
   int has_batch = lua_getfield(L, 1, "batch") != LUA_TNIL;                               /* 6 */
   const char *batch = lua_isuserdata(L, -1) ? NULL : luaL_optstring(L, -1, NULL);
@@ -453,24 +462,29 @@ static int log_at(lua_State *L, enum log_level lvl)
   }
   f[n++] = (struct log_field){ "worker", script_host_of(s)->worker_id };
   if (lua_istable(L, 2)) {
+    /* Field values as text, kept alive in a table on the stack until the line is written
+       (keys stay alive in the caller's table). */
+    lua_settop(L, 2);
+    lua_newtable(L);                                     /* 3: keeper */
+    int kept = 0;
     lua_pushnil(L);
-    while (lua_next(L, 2) && n < 23) {
-      if (lua_type(L, -2) == LUA_TSTRING) {
+    while (lua_next(L, 2)) {                             /* key -2, value -1 */
+      if (lua_type(L, -2) == LUA_TSTRING && n < 23) {
         const char *k = lua_tostring(L, -2);
         /* A secret put in a log field by mistake stays out of the log. */
         int secret = strcasecmp(k, "authorization") == 0 || strcasecmp(k, "password") == 0;
+        if (secret)
+          lua_pushliteral(L, "[redacted]");
+        else
+          luaL_tolstring(L, -1, NULL);
+        lua_rawseti(L, 3, ++kept);
+        lua_rawgeti(L, 3, kept);
         f[n].key = k;
-        f[n].value = secret ? "[redacted]" : luaL_tolstring(L, -1, NULL);
+        f[n].value = lua_tostring(L, -1);   /* referenced by the keeper table */
         n++;
-        if (!secret) {
-          lua_insert(L, -2);      /* keep the string alive below the value */
-          lua_pop(L, 1);
-          lua_pushvalue(L, -1);   /* placeholder value for lua_next's pop */
-          lua_insert(L, -2);
-          continue;
-        }
+        lua_pop(L, 1);
       }
-      lua_pop(L, 1);
+      lua_pop(L, 1);                                     /* the value; keep the key */
     }
   }
   f[n] = (struct log_field){ NULL, NULL };

@@ -187,6 +187,8 @@ int cmd_run(struct cli *g, int argc, char **argv)
     if (!tenant_list)
       return cli_runtime_error(g, "out of memory");
     cfg.scope.tenants = tenant_list;
+    cfg.tenants = tenants;
+    cfg.ntenants = ntenants;
   }
   cfg.conninfo = db_conninfo(g->db);
   cfg.table = g->table;

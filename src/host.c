@@ -104,7 +104,8 @@ int host_run(const struct host_config *cfg)
   h.sh = (struct script_host){
     .worker_id = cfg->worker_id, .stopping = &h.stopping, .wake_mu = &h.wake_mu,
     .wake_cv = &h.wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
-    .lua_path = cfg->lua_path, .nlua_path = cfg->nlua_path,
+    .lua_path = cfg->lua_path, .nlua_path = cfg->nlua_path, .tenants = cfg->tenants,
+    .ntenants = cfg->ntenants,
   };
 
   /* Fail fast: a script that does not load, or a table not migrated, stops us at start. */
@@ -582,6 +583,9 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
   if (t->finished)
     d->avg_duration = d->avg_duration > 0 ? 0.9 * d->avg_duration + 0.1 * t->duration
                                           : t->duration;
+  /* A retry with no attempt left was settled dead by the database (settle's CASE). */
+  if (t->kind == OUTCOME_RETRY && t->attempt >= t->max_attempts)
+    t->kind = OUTCOME_DEAD;
   if (applied == 1) {
     if (t->kind == OUTCOME_DONE)
       atomic_fetch_add(&d->h->stats.done, 1);

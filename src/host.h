@@ -36,6 +36,8 @@ struct host_config {
   size_t lua_memory;            /* bytes per slot, 0 = none */
   struct queue_scope scope;
   const char *metrics_addr;     /* --metrics HOST:PORT, or NULL */
+  const char *const *tenants;   /* the --tenant values (scope.tenants is their literal) */
+  int ntenants;
   const char *const *lua_path;  /* extra folders for require, searched after the script's */
   int nlua_path;
 };

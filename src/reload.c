@@ -45,6 +45,9 @@ struct reload *reload_start(struct host *h)
     free(r);
     return NULL;
   }
+  /* Both ends: the writer (a signal thread) must never block, and the reader drains the
+     pipe until EAGAIN, then goes back to poll() for file events. */
+  fcntl(r->pipe_fd[0], F_SETFL, O_NONBLOCK);
   fcntl(r->pipe_fd[1], F_SETFL, O_NONBLOCK);
   char dir[PATH_MAX];
   const char *slash = strrchr(h->cfg->script_path, '/');

@@ -108,6 +108,10 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
     const char *msg = lua_tostring(s->L, -1);
     snprintf(err, errlen, "%s", s->abort_reason ? "script took too long to load"
                                 : msg ? msg : "error loading script");
+    /* One line for a load error: file:line: message. The traceback adds nothing here. */
+    char *tb = strstr(err, "\nstack traceback:");
+    if (tb)
+      *tb = '\0';
     goto fail;
   }
   s->handle_ref = luaL_ref(s->L, LUA_REGISTRYINDEX);
@@ -374,8 +378,14 @@ static void build_env(lua_State *L)
     lua_setfield(L, env, *lib);
     lua_pop(L, 1);
   }
-  /* string.dump makes bytecode; nothing here loads it, but it has no use in a task either. */
+  /* string.dump makes bytecode; nothing here loads it, but it has no use in a task either.
+     Gone from the copy and from the real table, which ("").dump reaches through the shared
+     string metatable. */
   lua_getfield(L, env, "string");
+  lua_pushnil(L);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
+  lua_getglobal(L, "string");
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");
   lua_pop(L, 1);

@@ -1,0 +1,12 @@
+-- The least a `leash run` / `leash enqueue` / `leash status` role needs, for the default
+-- table names (agent_work_queue in schema public). `leash migrate`, `requeue` and `prune`
+-- run as the table's owner (or a role with these plus UPDATE/DELETE as noted).
+-- Apply as the owner after `leash migrate`:  psql -f docs/worker-role.sql
+GRANT USAGE ON SCHEMA public TO leash_worker;
+GRANT SELECT, INSERT, UPDATE ON agent_work_queue TO leash_worker;        -- enqueue, claim, settle
+GRANT USAGE ON SEQUENCE agent_work_queue_id_seq TO leash_worker;         -- ids for enqueue
+GRANT SELECT, INSERT, DELETE ON agent_work_queue_steps TO leash_worker;  -- leash.step; settle drops
+GRANT SELECT ON agent_work_queue_migrations TO leash_worker;             -- schema version check
+-- Functions (<table>_claim, _settle, _cycle, _reap, _release) are SECURITY INVOKER and
+-- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
+-- Whatever the scripts' own leash.db.query statements touch is granted separately.

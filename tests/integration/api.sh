@@ -1,0 +1,513 @@
+#!/usr/bin/env bash
+# The host API a task script sees (SPEC.md "The Lua contract", README "The Lua side"),
+# through the real `leash run`: leash.db.query, leash.http.request against a local server,
+# leash.step, leash.enqueue, calls refused after a lost lease, the memory cap and the task
+# timeout, the sandbox, hot swap and `leash check`. Scripts are tests/fixtures/api/*.lua;
+# the HTTP server is tests/fixtures/api/http_server.py (127.0.0.1, a free port).
+# Figures (throughput, memory per slot) are in api_slow.sh.
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/../lib.sh"
+# shellcheck source=tests/integration/run_common.sh
+source "$(dirname "$0")/run_common.sh"
+
+API=$LEASH_SRC/tests/fixtures/api
+
+# api_setup: a fresh migrated database.
+api_setup() {
+  t_newdb
+  expect_exit 0 "$LEASH" migrate
+}
+
+# enqueue_one PAYLOAD [FLAGS...]: one task; prints its id.
+enqueue_one() {
+  local payload=$1
+  shift
+  "$LEASH" enqueue "$@" "$payload" || fail "enqueue of $payload failed"
+}
+
+# http_start: the local HTTP server; sets HTTP_URL (http://127.0.0.1:PORT) and HTTP_LOG.
+http_start() {
+  HTTP_LOG=$T_TMP/http.log
+  : >"$HTTP_LOG"
+  python3 "$API/http_server.py" --idle 300 --log "$HTTP_LOG" >"$T_TMP/http.port" 2>"$T_TMP/http.err" &
+  local pid=$!
+  t_on_exit t_kill "$pid"
+  wait_for "the HTTP server's port" 10 test -s "$T_TMP/http.port"
+  HTTP_URL=http://127.0.0.1:$(head -n1 "$T_TMP/http.port")
+}
+
+# row ID EXPR: EXPR (SQL over the task's row) for task ID.
+row() { q "select $2 from agent_work_queue where id = $1"; }
+
+# settled ID: true once task ID is done or dead.
+settled() { q_true "select status in ('done', 'dead') from agent_work_queue where id = $1"; }
+
+# expect_done ID: fails with the row's last_error unless task ID is done.
+expect_done() {
+  local st
+  st=$(row "$1" "status || ': ' || coalesce(last_error, '')")
+  [[ $st == "done: " ]] || fail "task $1 is not done cleanly: $st"
+}
+
+# --------------------------------------------------------------------------- db
+# leash.db.query maps column types to Lua values and Lua values to parameters; an SQL error
+# raises and becomes a retry with the server's message; BEGIN without COMMIT leaves nothing
+# open.
+case_db_query_maps_types_and_params() {
+  api_setup
+  q "create table vals (task_id bigint, f float8, i int8, b boolean, t text, j jsonb)" >/dev/null
+  local types err begin
+  types=$(enqueue_one '{"mode":"types"}')
+  err=$(enqueue_one '{"mode":"error"}' --max-attempts 2)
+  begin=$(enqueue_one '{"mode":"begin"}')
+  start_worker A "$API/db_types.lua" --concurrency 3 --poll-ms 20-50 --db-pool 2
+  # The SQL error: a retry (pending again, the attempt charged, backoff ahead) with the
+  # server's message. Looked at first: its next attempt comes 2 s later.
+  wait_for "the failing task's first attempt to be retried" 30 q_true \
+    "select status = 'pending' and attempts >= 1 from agent_work_queue where id = $err"
+  local msg
+  msg=$(row "$err" last_error)
+  assert_contains "last_error of the SQL error" "$msg" 'relation "no_such_table_here" does not exist'
+  assert_contains "last_error names the call" "$msg" "leash.db.query"
+  assert_contains "last_error has the traceback" "$msg" "db_types.lua:"
+  log_has A "retry: " || fail "no retry line in A's log"$'\n'"$(worker_log A)"
+
+  wait_for "the types task to settle" 30 settled "$types"
+  expect_done "$types"
+  # Values as stored, read by psql: 0.1 + 0.2 went over as every digit of the float8.
+  assert_eq "float8 stored from 0.1 + 0.2 (exact, not 0.3)" \
+    "$(q "select f = 0.30000000000000004::float8 and f <> 0.3::float8 from vals where i = 9007199254740993")" t
+  assert_eq "float8 stored from 1/3" \
+    "$(q "select f = (1::float8 / 3) from vals where i = -1")" t
+  assert_eq "rows stored (i|b|t|j)" \
+    "$(q "select string_agg(concat_ws('|', i, coalesce(b::text, 'NULL'), coalesce(t, 'NULL'), coalesce(j::text, 'NULL')), ',' order by i desc) from vals")" \
+    '9007199254740993|true|a!|{"x": 1},-1|NULL|NULL|NULL'
+
+  # BEGIN without COMMIT: nothing stays open on the pool's connections (looked at once no
+  # task runs: the failing one is dead after its second attempt).
+  wait_for "the BEGIN task to settle" 30 settled "$begin"
+  expect_done "$begin"
+  wait_for "the failing task to go dead" 30 settled "$err"
+  assert_eq "failing task at the end (status|attempts)" "$(row "$err" "status || '|' || attempts")" "dead|2"
+  local states
+  states=$(q "select coalesce(string_agg(state, ',' order by state), '(none)') from pg_stat_activity
+              where datname = current_database() and application_name = 'leash script'")
+  [[ $states =~ ^idle(,idle)*$ ]] \
+    || fail "states of the worker's script connections after BEGIN without COMMIT: $states (want idle only)"
+  assert_no_sanitizer_reports
+}
+
+# ------------------------------------------------------------------------- http
+# leash.http.request against the local server: method, headers and body go out, response
+# header names come back lower-cased, error statuses are answers, transport failures raise
+# with messages that keep the URL's credentials, path and query out.
+case_http_request_against_local_server() {
+  api_setup
+  http_start
+  local id
+  id=$(enqueue_one "{\"base\":\"$HTTP_URL\"}")
+  start_worker A "$API/http.lua" --concurrency 2 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 60 0
+  expect_done "$id"
+  local refused timeout
+  refused=$(row "$id" "result->>'refused'")
+  timeout=$(row "$id" "result->>'timeout'")
+  echo "# connection refused: $refused" >&2
+  echo "# timeout: $timeout ($(row "$id" "round((result->>'timeout_took')::numeric, 2)") s)" >&2
+  assert_contains "refused message" "$refused" "leash.http.request"
+  assert_not_contains "refused message" "$refused" "SECRET"
+  assert_not_contains "refused message" "$refused" "pw@"
+  # The server saw each request once: nothing was retried behind the script's back.
+  assert_eq "POST /echo requests the server saw" "$(grep -c ' request POST /echo$' "$HTTP_LOG")" 1
+  # The worker's log holds no URL secret either.
+  assert_not_contains "worker log" "$(worker_log A)" "SECRET"
+  assert_no_sanitizer_reports
+}
+
+# A request in flight is aborted once the lease is lost: the row is taken away by SQL while
+# the task waits on /slow?ms=20000; the next heartbeat misses it and the transfer stops.
+case_http_aborted_when_lease_lost() {
+  api_setup
+  http_start
+  q "create table execs (task_id bigint, attempt int, started timestamptz not null default clock_timestamp())" >/dev/null
+  local id
+  id=$(enqueue_one "{\"base\":\"$HTTP_URL\"}")
+  start_worker A "$API/http_slow.lua" --concurrency 2 --visibility 2s --heartbeat 500ms --poll-ms 20-50
+  wait_for "the slow request to reach the server" 30 grep -q "slow-start" "$HTTP_LOG"
+  assert_eq "the task holds its lease" "$(row "$id" "status || '|' || lease_owner")" "leased|A"
+  q "update agent_work_queue set lease_owner = 'someone-else' where id = $id" >/dev/null
+  local t0 ms
+  t0=$(_t_now_us)
+  wait_for "the request to end after the lease was taken" 4 log_has A "http ended after"
+  ms=$((($(_t_now_us) - t0) / 1000))
+  echo "# request ended ${ms} ms after the lease was taken away by SQL" >&2
+  local line took
+  line=$(grep -F "http ended after" "$T_TMP/A.log")
+  assert_contains "how the request ended" "$line" "ok=false"
+  assert_contains "how the request ended" "$line" "lease lost: request aborted"
+  took=$(sed -E 's/.*http ended after ([0-9.]+) s.*/\1/' <<<"$line")
+  awk -v t="$took" 'BEGIN { exit !(t < 6) }' \
+    || fail "the 20 s request ran ${took} s in the task (want well under 20 s)"
+  log_has A "lease lost" || fail "no 'lease lost' in A's log"$'\n'"$(worker_log A)"
+  wait_for "the server to see the client hang up" 5 grep -q "slow-gone" "$HTTP_LOG"
+  assert_eq "slow requests the server finished" "$(grep -c "slow-done" "$HTTP_LOG" || true)" 0
+  # Attempt 1's outcome was discarded; once the stolen lease expires the task runs again.
+  wait_for "the task to be done on a later attempt" 30 settled "$id"
+  assert_eq "row at the end (status|attempts|result)" \
+    "$(row "$id" "status || '|' || attempts || '|' || result::text")" 'done|2|{"rerun": true}'
+  assert_no_sanitizer_reports
+}
+
+# -------------------------------------------------------------------------- step
+# leash.step runs its function once per task across attempts: a task that retries twice
+# then succeeds paid once; its steps are removed when it is done and kept when it goes dead.
+case_steps_skip_on_retry() {
+  api_setup
+  q "create table step_runs (task_id bigint, step text, attempt int);
+     create table attempts_seen (task_id bigint, attempt int, paid jsonb, nothing_is_nil boolean)" >/dev/null
+  local good dead
+  good=$(enqueue_one '{"succeed_on":3}')
+  dead=$(enqueue_one '{}' --max-attempts 2)
+  start_worker A "$API/steps.lua" --concurrency 2 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 60 0
+  assert_eq "task that retried twice (status|attempts)" "$(row "$good" "status || '|' || attempts")" "done|3"
+  assert_eq "its step functions ran (step:attempt)" \
+    "$(q "select string_agg(step || ':' || attempt, ',' order by step) from step_runs where task_id = $good")" \
+    "nothing:1,paid:1"
+  assert_eq "what each attempt got from the steps (attempt|paid|nil)" \
+    "$(q "select string_agg(attempt || '|' || paid::text || '|' || nothing_is_nil, ',' order by attempt)
+            from attempts_seen where task_id = $good")" \
+    '1|{"tags": [], "amount": 42, "paid_on_attempt": 1}|true,2|{"tags": [], "amount": 42, "paid_on_attempt": 1}|true,3|{"tags": [], "amount": 42, "paid_on_attempt": 1}|true'
+  assert_eq "result of the done task" "$(row "$good" "result->>'paid_on_attempt'")" 1
+  assert_eq "steps kept for the done task" \
+    "$(q "select count(*) from agent_work_queue_steps where task_id = $good")" 0
+  # The dead one: ran its steps once, kept them (a requeue resumes after its paid steps).
+  assert_eq "dead task (status|attempts)" "$(row "$dead" "status || '|' || attempts")" "dead|2"
+  assert_eq "its step functions ran" \
+    "$(q "select count(*) from step_runs where task_id = $dead")" 2
+  assert_eq "steps kept for the dead task (name|result|attempt)" \
+    "$(q "select string_agg(name || '|' || coalesce(result::text, 'NULL') || '|' || attempt, ',' order by name)
+            from agent_work_queue_steps where task_id = $dead")" \
+    'nothing|NULL|1,paid|{"tags": [], "amount": 42, "paid_on_attempt": 1}|1'
+  assert_no_sanitizer_reports
+}
+
+# ------------------------------------------------------------------- lease loss
+# After the lease is lost (taken away by SQL while the script sleeps), leash.db.query,
+# leash.http.request, leash.step and leash.enqueue raise instead of acting; pure functions
+# still work. The script reports through print, since the database refuses it.
+case_calls_refused_after_lease_loss() {
+  api_setup
+  http_start
+  q "create table started (task_id bigint); create table late_writes (task_id bigint)" >/dev/null
+  local id
+  id=$(enqueue_one "{\"base\":\"$HTTP_URL\"}")
+  start_worker A "$API/refused.lua" --concurrency 2 --visibility 2s --heartbeat 500ms --poll-ms 20-50
+  wait_for "the task to start" 30 q_true "select count(*) = 1 from started"
+  q "update agent_work_queue set lease_owner = 'someone-else' where id = $id" >/dev/null
+  wait_for "the script's report after the loss" 5 log_has A "after-loss json.encode"
+  local log line
+  log=$(worker_log A)
+  _after() {
+    grep -F "after-loss $1:" "$T_TMP/A.log" | head -n1
+  }
+  line=$(_after sleep)
+  assert_contains "leash.sleep after the loss" "$line" "ok=false"
+  assert_contains "leash.sleep after the loss" "$line" "lease lost"
+  assert_contains "task:lease_lost() after the loss" "$(grep -F "after-loss lease_lost()" "$T_TMP/A.log")" "=true"
+  local call
+  for call in db.query http.request step enqueue; do
+    line=$(_after "$call")
+    [[ -n $line ]] || fail "no report for $call in A's log"$'\n'"$log"
+    assert_contains "$call after the loss" "$line" "ok=false"
+    assert_contains "$call after the loss" "$line" "lease lost"
+  done
+  assert_contains "json.encode after the loss (pure: still works)" "$(_after json.encode)" 'ok=true {"still":"pure"}'
+  assert_not_contains "A's log" "$log" "after-loss step fn ran"
+  assert_contains "A's log" "$log" "lease lost: heartbeat found the row no longer leased"
+  # Nothing acted: no late row, no request, no step, no child task.
+  assert_eq "rows written after the loss" "$(q 'select count(*) from late_writes')" 0
+  assert_eq "late requests the server saw" "$(grep -c 'late' "$HTTP_LOG" || true)" 0
+  assert_eq "requests the server saw at all" "$(grep -c ' request ' "$HTTP_LOG" || true)" 0
+  assert_eq "steps stored" "$(q 'select count(*) from agent_work_queue_steps')" 0
+  assert_eq "tasks in the queue (no child)" "$(q 'select count(*) from agent_work_queue')" 1
+  # Once the stolen lease expires the task runs again and is done.
+  wait_for "the task to be done on a later attempt" 30 settled "$id"
+  assert_eq "row at the end" "$(row "$id" "status || '|' || attempts || '|' || result::text")" 'done|2|{"rerun": true}'
+  assert_eq "tasks in the queue at the end" "$(q 'select count(*) from agent_work_queue')" 1
+  assert_no_sanitizer_reports
+}
+
+# ----------------------------------------------------------------------- enqueue
+# leash.enqueue: defaults (the parent's tenant and batch, a shard of its own), explicit
+# fields honoured, misuse raises; and the write is fenced in the database: a parent whose
+# lease was taken (without the host knowing yet) cannot enqueue nor store a step.
+case_enqueue_children_fenced() {
+  api_setup
+  local parent fence
+  parent=$(enqueue_one '{"role":"parent"}' --tenant acme --batch nightly --shard p)
+  fence=$(enqueue_one '{"role":"fence"}' --tenant acme --batch nightly --shard f)
+  start_worker A "$API/enqueue.lua" --concurrency 4 --poll-ms 20-50 --batch nightly --until-empty
+  assert_worker_exit A 60 0
+  expect_done "$parent"
+  expect_done "$fence"
+  local kid="select %s from agent_work_queue where payload->>'kind' = '%s'"
+  # shellcheck disable=SC2059
+  _kid() { q "$(printf "$kid" "$2" "$1")"; }
+  assert_eq "ids returned match the rows" \
+    "$(row "$parent" "concat_ws(',', result->'ids'->>'default', result->'ids'->>'explicit', result->'ids'->>'nobatch', result->'ids'->>'short_delay')")" \
+    "$(_kid default id),$(_kid explicit id),$(_kid nobatch id),$(_kid short_delay id)"
+  assert_eq "default child (tenant|batch|shard = task:<id>|max_attempts|runnable at once|parent)" \
+    "$(_kid default "concat_ws('|', tenant_id, batch, shard_key = 'task:' || id, max_attempts,
+                               run_after <= created_at + interval '1 s', payload->>'parent')")" \
+    "acme|nightly|t|8|t|$parent"
+  assert_eq "default child ran in the parent's batch (status|result)" \
+    "$(_kid default "status || '|' || result::text")" 'done|{"batch": "nightly", "child": true, "tenant": "acme"}'
+  assert_eq "explicit child (tenant|shard|batch|max_attempts|status|attempts)" \
+    "$(_kid explicit "concat_ws('|', tenant_id, shard_key, batch, max_attempts, status, attempts)")" \
+    "other|s1|b2|3|pending|0"
+  assert_eq "explicit child's delay (run_after - created_at in [3599, 3601] s)" \
+    "$(_kid explicit "extract(epoch from run_after - created_at) between 3599 and 3601")" t
+  assert_eq "child with batch = leash.null (tenant|shard|batch is null)" \
+    "$(_kid nobatch "concat_ws('|', tenant_id, shard_key, batch is null)")" "acme|shared|t"
+  assert_eq "child with a fractional delay (run_after - created_at in [1.4, 1.6] s)" \
+    "$(_kid short_delay "extract(epoch from run_after - created_at) between 1.4 and 1.6")" t
+  assert_eq "misuse of leash.enqueue" \
+    "$(row "$parent" "(select string_agg(key || '=' || value, ',' order by key) from jsonb_each_text(result->'bad'))")" \
+    "float_max=raised,fn_payload=raised,neg_delay=raised,no_payload=raised,not_a_table=raised,table_tenant=raised,text_delay=raised,zero_max=raised"
+  # The fence: both writes refused by the database, nothing written.
+  assert_contains "leash.enqueue with the lease taken" "$(row "$fence" "result->>'enqueue'")" "lease lost"
+  assert_contains "leash.step with the lease taken" "$(row "$fence" "result->>'step'")" "lease lost"
+  assert_eq "fenced child rows" "$(q "select count(*) from agent_work_queue where payload->>'kind' = 'fenced'")" 0
+  assert_eq "fenced step rows" "$(q "select count(*) from agent_work_queue_steps where task_id = $fence")" 0
+  assert_eq "tasks in the queue (2 parents, 4 children)" "$(q 'select count(*) from agent_work_queue')" 6
+  assert_no_sanitizer_reports
+}
+
+# ------------------------------------------------------------------ limits
+# --lua-memory and --task-timeout: a task that allocates forever and tasks that loop forever
+# (also inside pcall) fail as retries with a clear last_error, and go dead after
+# max_attempts; meanwhile 20 normal tasks run on the other slots; the process survives and
+# --until-empty exits 0.
+case_memory_bomb_and_infinite_loop_are_retries() {
+  api_setup
+  q "create table runs (task_id bigint, kind text, attempt int, at timestamptz not null default clock_timestamp())" >/dev/null
+  local bomb loop loop_pcall i
+  bomb=$(enqueue_one '{"kind":"bomb"}' --max-attempts 2)
+  loop=$(enqueue_one '{"kind":"loop"}' --max-attempts 2)
+  loop_pcall=$(enqueue_one '{"kind":"loop_pcall"}' --max-attempts 2)
+  for i in $(seq 1 20); do printf '{"payload":{"n":%d}}\n' "$i"; done >"$T_TMP/normal.jsonl"
+  enqueue_file "$T_TMP/normal.jsonl" 20
+  start_worker A "$API/bad.lua" --concurrency 5 --lua-memory 16 --task-timeout 1 \
+    --poll-ms 20-50 --until-empty
+  # After the first failures the process is still there, running the retries.
+  wait_for "the bad tasks' first attempts to fail" 30 q_true \
+    "select count(*) = 3 from agent_work_queue where id in ($bomb, $loop, $loop_pcall)
+       and attempts >= 1 and status <> 'leased'"
+  exited "${W_PID[A]}" && fail "the worker exited after the first failures"$'\n'"$(worker_log A)"
+  assert_worker_exit A 60 0
+  assert_eq "normal tasks" \
+    "$(q "select status || '=' || count(*) from agent_work_queue where payload ? 'n' group by status")" "done=20"
+  # They ran while the bad ones were stuck: all 20 ended before the first bad attempt could.
+  assert_eq "normal tasks that ran within 0.9 s of the first bad task's start" \
+    "$(q "select count(*) from runs where kind = 'normal'
+            and at < (select min(at) from runs where kind <> 'normal') + interval '0.9 s'")" 20
+  assert_eq "bomb (status|attempts)" "$(row "$bomb" "status || '|' || attempts")" "dead|2"
+  assert_contains "bomb's last_error" "$(row "$bomb" last_error)" "out of memory"
+  assert_eq "loop (status|attempts)" "$(row "$loop" "status || '|' || attempts")" "dead|2"
+  assert_contains "loop's last_error" "$(row "$loop" last_error)" "timed out"
+  assert_eq "loop inside pcall (status|attempts)" "$(row "$loop_pcall" "status || '|' || attempts")" "dead|2"
+  assert_contains "loop inside pcall's last_error" "$(row "$loop_pcall" last_error)" "timed out"
+  assert_eq "runs of the bad tasks" "$(q "select count(*) from runs where kind <> 'normal'")" 6
+  # (What the summary says of the dead ones is exhausted_retries_are_reported_dead's.)
+  assert_contains "A's summary" "$(worker_log A)" "claimed, 20 done, "
+  assert_contains "A's summary" "$(worker_log A)" " 0 lost"
+  assert_no_sanitizer_reports
+}
+
+# A retry on the last attempt makes the task dead: the worker's log line for that task and
+# its summary must say so ("dead"), as they do for leash.fatal.
+case_exhausted_retries_are_reported_dead() {
+  api_setup
+  q "create table runs (task_id bigint, kind text, attempt int, at timestamptz not null default clock_timestamp())" >/dev/null
+  local id
+  id=$(enqueue_one '{"kind":"loop"}' --max-attempts 1)
+  start_worker A "$API/bad.lua" --concurrency 1 --task-timeout 0.2 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 30 0
+  assert_eq "task (status|attempts)" "$(row "$id" "status || '|' || attempts")" "dead|1"
+  log_has A "dead: task timed out" \
+    || fail "no 'dead: task timed out' line for the task that went dead"$'\n'"$(worker_log A)"
+  assert_contains "A's summary" "$(worker_log A)" "1 claimed, 0 done, 0 retried, 1 dead, 0 lost"
+  assert_no_sanitizer_reports
+}
+
+# --------------------------------------------------------------------- sandbox
+# No process control in the script's reach: os.exit/os.execute/io.popen/package.loadlib,
+# C modules, bytecode (load, require of a binary chunk, string.dump) all fail; the worker
+# goes on. `leash check` of a script that calls os.exit while loading exits 1 with file:line.
+case_sandbox_has_no_process_control() {
+  api_setup
+  local dir=$T_TMP/sandbox
+  mkdir -p "$dir"
+  cp "$API/sandbox.lua" "$dir/sandbox.lua"
+  # A bytecode chunk (the signature is enough: the loader refuses on the first byte).
+  printf '\033Lua\124\000\031\223\015\012\032\012\004\010\010' >"$dir/bc.lua"
+  expect_exit 1 "$LEASH" check "$API/exit_at_load.lua"
+  assert_contains "leash check of a script calling os.exit" "$(<"$T_ERR")" "exit_at_load.lua:3:"
+  assert_contains "leash check of a script calling os.exit" "$(<"$T_ERR")" "exit"
+  expect_exit 1 "$LEASH" run "$API/exit_at_load.lua" --until-empty
+  assert_contains "leash run of a script calling os.exit" "$(<"$T_ERR")" "exit_at_load.lua:3:"
+
+  local id
+  id=$(enqueue_one '{}')
+  start_worker A "$dir/sandbox.lua" --concurrency 1 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 30 0
+  expect_done "$id"
+  assert_no_sanitizer_reports
+}
+
+# ---------------------------------------------------------------------- hot swap
+# The script file replaced atomically (write + rename): later tasks run the new version, a
+# task running during the swap finishes on the old one; a version that does not load is
+# refused and the old one keeps running; SIGHUP reloads; a module under --lua-path counts.
+case_hot_swap_v1_v2_and_broken_v3_refused() {
+  api_setup
+  local dir=$T_TMP/hs lib=$T_TMP/lib
+  mkdir -p "$dir" "$lib"
+  local script=$dir/script.lua
+  _version_text() { sed "s/^local V = 1\$/local V = $1/" "$API/hotswap.lua"; }
+  # The version hash `leash check` prints (of the script's text alone).
+  _version_hash() {
+    _version_text "$1" >"$T_TMP/probe.lua"
+    "$LEASH" check --lua-path "$lib" "$T_TMP/probe.lua" | sed -E 's/.*\(version ([0-9a-f]+)\).*/\1/'
+  }
+  # put FILE CONTENT-COMMAND...: the way editors and deploys replace a file.
+  _put() {
+    local f=$1
+    shift
+    "$@" >"$f.tmp"
+    mv "$f.tmp" "$f"
+  }
+  _lines() { grep -cF -- "$1" "$T_TMP/A.log" || true; }
+  # shellcheck disable=SC2317 # called through wait_for
+  _more_lines() { (($(_lines "$1") > $2)); }
+  _task() {
+    local id
+    id=$(enqueue_one "$1")
+    wait_for "task $id ($1) to settle" 20 settled "$id"
+    expect_done "$id"
+    row "$id" "result->>'v' || ',' || (result->>'mod')"
+  }
+  _version_text 1 >"$script"
+  cp "$API/hsmod.lua" "$lib/hsmod.lua"
+  local v1 v2 v4
+  v1=$(_version_hash 1) v2=$(_version_hash 2) v4=$(_version_hash 4)
+  [[ $v1 =~ ^[0-9a-f]{16}$ && $v1 != "$v2" && $v2 != "$v4" ]] || fail "version hashes: $v1 $v2 $v4"
+
+  start_worker A "$script" --lua-path "$lib" --concurrency 2 --poll-ms 20-50
+  wait_for "A to run" 20 log_has A "running 2 slots"
+  assert_contains "A's start" "$(worker_log A)" "version $v1"
+  assert_eq "result before any swap" "$(_task '{}')" "1,m1"
+
+  # v2 while a 2 s task runs on v1.
+  local long
+  long=$(enqueue_one '{"sleep":2}')
+  wait_for "the long task to start" 20 q_true "select status = 'leased' from agent_work_queue where id = $long"
+  _put "$script" _version_text 2
+  wait_for "the swap to v2" 10 log_has A "hot swap (file change): slots load version $v2 between tasks"
+  assert_eq "the long task still runs after the swap" "$(row "$long" status)" leased
+  assert_eq "result after the swap to v2" "$(_task '{}')" "2,m1"
+  wait_for "the long task to settle" 20 settled "$long"
+  expect_done "$long"
+  assert_eq "the task that ran during the swap finished on" "$(row "$long" "result->>'v'")" 1
+  assert_eq "result of a second task on v2" "$(_task '{}')" "2,m1"
+
+  # A module under --lua-path changes: the script is reloaded with it.
+  local before
+  before=$(_lines "modules reloaded")
+  _put "$lib/hsmod.lua" sed 's/"m1"/"m2"/' "$API/hsmod.lua"
+  wait_for "the module change to reload" 10 _more_lines "modules reloaded" "$before"
+  assert_eq "result after the module change" "$(_task '{}')" "2,m2"
+  # Files that are not Lua do not count.
+  before=$(_lines "hot swap")
+  echo "notes" >"$dir/README.txt"
+  echo "x" >"$lib/hsmod.lua.swp"
+  assert_eq "result after non-Lua files changed" "$(_task '{}')" "2,m2"
+  sleep 0.5   # past the coalescing window (200 ms): a reload would have been logged
+  assert_eq "swaps after non-Lua files changed" "$(_lines "hot swap")" "$before"
+
+  # A broken v3 is refused; v2 goes on.
+  _put "$script" printf 'local leash = require "leash"\nreturn function(task)\n  if then end\nend\n'
+  wait_for "v3 to be refused" 10 log_has A "hot swap (file change) refused, slots keep version $v2"
+  assert_contains "why v3 was refused" "$(grep -F "refused" "$T_TMP/A.log")" "script.lua:3:"
+  assert_eq "result after the broken v3" "$(_task '{}')" "2,m2"
+  assert_eq "result after the broken v3, again" "$(_task '{}')" "2,m2"
+
+  # v4 written in place and not closed yet (no file event): SIGHUP alone makes the swap.
+  local fd
+  exec {fd}>"$script"
+  _version_text 4 >&"$fd"
+  kill -HUP "${W_PID[A]}"
+  wait_for "the SIGHUP swap to v4" 10 log_has A "hot swap (SIGHUP): slots load version $v4 between tasks"
+  assert_eq "result after SIGHUP with v4" "$(_task '{}')" "4,m2"
+  # File changes still count after a SIGHUP: the close, then a module change.
+  before=$(_lines "hot swap (file change)")
+  exec {fd}>&-
+  wait_for "the file change after SIGHUP (closing the script) to be seen" 10 \
+    _more_lines "hot swap (file change)" "$before"
+  before=$(_lines "modules reloaded")
+  _put "$lib/hsmod.lua" sed 's/"m1"/"m3"/' "$API/hsmod.lua"
+  wait_for "the module change after SIGHUP to reload" 10 _more_lines "modules reloaded" "$before"
+  assert_eq "result after the module change after SIGHUP" "$(_task '{}')" "4,m3"
+  assert_no_sanitizer_reports
+}
+
+# ------------------------------------------------------------------------- check
+# `leash check` loads a script as run does: file:line on the first line of stderr and exit 1
+# for syntax errors, errors while loading or in setup, and contract errors; exit 0 and the
+# version hash (of the text: stable, and new for any change) for a fit script.
+case_check_reports_file_and_line() {
+  local f first
+  expect_exit 0 "$LEASH" check "$API/check_good.lua"
+  local out
+  out=$(<"$T_OUT")
+  [[ $out =~ ^.*check_good\.lua:\ ok\ \(version\ [0-9a-f]{16}\)$ ]] || fail "leash check of a good script printed: $out"
+  assert_eq "stderr of a good check" "$(<"$T_ERR")" ""
+  expect_exit 0 "$LEASH" check "$API/check_good.lua"
+  assert_eq "version hash of the same text" "$(<"$T_OUT")" "$out"
+  cp "$API/check_good.lua" "$T_TMP/check_good.lua"
+  mkdir -p "$T_TMP/checkmods"
+  cp "$API/checkmods/util.lua" "$T_TMP/checkmods/"
+  expect_exit 0 "$LEASH" check "$T_TMP/check_good.lua"
+  assert_eq "version hash of the same text elsewhere" "${out##* }" "$(sed 's/.* //' "$T_OUT")"
+  printf -- '-- one more line\n' >>"$T_TMP/check_good.lua"
+  expect_exit 0 "$LEASH" check "$T_TMP/check_good.lua"
+  [[ ${out##* } != "$(sed 's/.* //' "$T_OUT")" ]] || fail "the version hash did not change with the text"
+
+  for f in syntax:5:"unexpected symbol near '='" runtime:4:"missing configuration" \
+           setup:5:"attempt to index a nil value"; do
+    local name=${f%%:*} rest=${f#*:}
+    local line=${rest%%:*} want=${rest#*:}
+    expect_exit 1 "$LEASH" check "$API/check_$name.lua"
+    first=$(head -n1 "$T_ERR")
+    assert_contains "first line of stderr for check_$name.lua" "$first" "check_$name.lua:$line:"
+    assert_contains "first line of stderr for check_$name.lua" "$first" "$want"
+    assert_contains "first line of stderr for check_$name.lua" "$first" "leash check:"
+    assert_eq "stdout of a failed check" "$(<"$T_OUT")" ""
+  done
+  expect_exit 1 "$LEASH" check "$API/check_contract.lua"
+  assert_contains "contract error" "$(head -n1 "$T_ERR")" "check_contract.lua: the script must return handle(task)"
+  expect_exit 1 "$LEASH" check "$T_TMP/no_such_script.lua"
+  assert_contains "missing script" "$(head -n1 "$T_ERR")" "no_such_script.lua"
+  expect_exit 2 "$LEASH" check
+  expect_exit 2 "$LEASH" check "$API/check_good.lua" extra.lua
+}
+
+# `leash check` must load a script as `leash run` would, --lua-path included: a script
+# whose modules live under a --lua-path folder cannot be checked otherwise.
+case_check_accepts_lua_path() {
+  expect_exit 0 "$LEASH" check --lua-path "$API/lib" "$API/check_libpath.lua"
+  assert_contains "leash check with --lua-path" "$(<"$T_OUT")" "ok (version"
+}
+
+t_run "$@"
