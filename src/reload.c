@@ -137,8 +137,11 @@ static void *reload_main(void *arg)
         for (char *p = buf; p < buf + n;) {
           struct inotify_event *ev = (struct inotify_event *)p;
           size_t len = ev->len ? strlen(ev->name) : 0;
-          /* Only Lua files count; editors' swap and backup files do not. */
-          if (len > 4 && strcmp(ev->name + len - 4, ".lua") == 0)
+          /* Lua files count, and "..data": a Kubernetes ConfigMap volume updates by
+             swapping that symlink to a new folder, while the .lua names (symlinks into
+             ..data) never change. Editors' swap and backup files do not count. */
+          if ((len > 4 && strcmp(ev->name + len - 4, ".lua") == 0) ||
+              strcmp(ev->name, "..data") == 0)
             due = task_now() + COALESCE_S;
           p += sizeof *ev + ev->len;
         }
