@@ -164,6 +164,28 @@ int migrate_check(PGconn *c, const struct db_table *t, char *err, size_t errlen)
              "run 'leash migrate' first", t->qualified, max_version, want);
     return -1;
   }
+  /* The history can say "migrated" of a table someone altered by hand since: name the
+     first column leash needs that is missing, rather than fail later in every claim. */
+  static const char columns_sql[] =
+    "SELECT c FROM unnest('{id,tenant_id,shard_key,payload,status,run_after,locked_until,"
+    "lease_owner,attempts,max_attempts,last_error,created_at,updated_at,batch,result,"
+    "started_at,finished_at}'::text[]) AS c "
+    "WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = to_regclass($1) "
+    "AND a.attname = c AND a.attnum > 0 AND NOT a.attisdropped) LIMIT 1";
+  const char *params[] = { t->qualified };
+  PGresult *r = db_exec(c, columns_sql, 1, params, msg, sizeof msg);
+  if (!r) {
+    snprintf(err, errlen, "cannot read the columns of %s: %s", t->qualified, msg);
+    return -1;
+  }
+  if (PQntuples(r) > 0) {
+    snprintf(err, errlen, "queue table %s has no column %s although its schema version is %d:"
+             " it was altered by hand; restore the column (see sql/)", t->qualified,
+             PQgetvalue(r, 0, 0), max_version);
+    PQclear(r);
+    return -1;
+  }
+  PQclear(r);
   return 0;
 }
 
