@@ -1,22 +1,40 @@
-/* leash status: counts per status, runnable backlog and its age, leases per worker. */
+/* leash status: counts per status, runnable backlog and its age, leases per worker,
+   throughput and ETA; --watch for a batch's progress. */
 #include "commands.h"
 #include "migrate.h"
+#include "report.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
 
 static const char usage[] =
-  "usage: leash status [--tenant T] [--batch B] [--json]\n\n"
+  "usage: leash status [--tenant T] [--batch B] [--json]\n"
+  "       leash status --watch [--interval S] [--until-empty] [--tenant T] [--batch B] [--json]\n\n"
   "Counts tasks per status (pending split into runnable now and scheduled later), the age\n"
-  "of the oldest runnable task, and the leases each worker holds.\n\n"
+  "of the oldest runnable task, the leases each worker holds, the throughput over the last\n"
+  "minute (done and dead) and the time left at that rate.\n\n"
+  "--watch shows each active batch's progress every interval: on a terminal a bar per batch,\n"
+  "redrawn in place; otherwise (a file, a pipe) one plain line per batch per interval; with\n"
+  "--json one JSON object per interval. Active: tasks pending or leased, or finished in the\n"
+  "last 5 minutes (--batch B: that batch, always). Ctrl-C (or SIGTERM) stops it with exit 0.\n\n"
   "options:\n"
   "  --tenant T            only this tenant\n"
   "  --batch B             only this batch\n"
-  "  --json                one JSON object (fields documented in README.md)\n\n";
+  "  --json                JSON (fields documented in README.md)\n"
+  "  --watch               keep watching, as above\n"
+  "  --interval S          seconds between updates (default 2; 500ms, 0.2 ...)\n"
+  "  --until-empty         with --watch: stop once nothing in scope is pending or leased\n\n";
 
-enum { OPT_TENANT = OPT_COMMAND_BASE, OPT_BATCH, OPT_JSON };
+enum {
+  OPT_TENANT = OPT_COMMAND_BASE, OPT_BATCH, OPT_JSON, OPT_WATCH, OPT_INTERVAL, OPT_UNTIL_EMPTY,
+};
 
 static const char counts_fmt[] =
   "SELECT count(*) FILTER (WHERE status = 'pending'), "
@@ -25,7 +43,9 @@ static const char counts_fmt[] =
   "       count(*) FILTER (WHERE status = 'done'), "
   "       count(*) FILTER (WHERE status = 'dead'), "
   "       extract(epoch FROM now() - min(run_after) "
-  "               FILTER (WHERE status = 'pending' AND run_after <= now()))::float8 "
+  "               FILTER (WHERE status = 'pending' AND run_after <= now()))::float8, "
+  "       count(*) FILTER (WHERE status IN ('done', 'dead') "
+  "                          AND finished_at > now() - interval '1 minute') "
   "  FROM %s WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR batch = $2)";
 
 static const char workers_fmt[] =
@@ -33,9 +53,48 @@ static const char workers_fmt[] =
   " WHERE status = 'leased' AND ($1::text IS NULL OR tenant_id = $1) "
   "   AND ($2::text IS NULL OR batch = $2) GROUP BY 1 ORDER BY 1";
 
+/* --watch: one row per active batch (see usage). The rate window is the last minute, or the
+   time since the batch's earliest recorded claim when that is shorter (at least 1 s), so a
+   batch that started 10 s ago shows its real rate at once. open_total and shown_total are
+   over every active batch, before the LIMIT. */
+#define WATCH_MAX_BATCHES 20
+static const char watch_fmt[] =
+  "SELECT batch, "
+  "       count(*) FILTER (WHERE status = 'pending'), "
+  "       count(*) FILTER (WHERE status = 'leased'), "
+  "       count(*) FILTER (WHERE status = 'done'), "
+  "       count(*) FILTER (WHERE status = 'dead'), "
+  "       count(*) FILTER (WHERE status IN ('done', 'dead') "
+  "                          AND finished_at > now() - interval '1 minute'), "
+  "       least(60, greatest(1, extract(epoch FROM now() - min(started_at))))::float8, "
+  "       sum(count(*) FILTER (WHERE status IN ('pending', 'leased'))) OVER (), "
+  "       count(*) OVER () "
+  "  FROM %s WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR batch = $2) "
+  " GROUP BY batch "
+  "HAVING $2::text IS NOT NULL "
+  "    OR count(*) FILTER (WHERE status IN ('pending', 'leased')) > 0 "
+  "    OR max(finished_at) > now() - interval '5 minutes' "
+  " ORDER BY batch NULLS FIRST LIMIT %d";
+
+enum watch_mode { WATCH_TTY, WATCH_LINES, WATCH_JSON };
+
+static volatile sig_atomic_t watch_stop;
+
+static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const char *tenant,
+                       const char *batch, int as_json);
+static int status_watch(struct cli *g, PGconn *c, const struct db_table *t, const char *tenant,
+                        const char *batch, enum watch_mode mode, double interval,
+                        int until_empty);
+static void watch_frame(FILE *f, PGresult *r, const char *table, const char *batch,
+                        enum watch_mode mode, double interval, int cols);
+static void watch_on_signal(int sig);
+static int watch_sleep(double secs);
+static int terminal_columns(void);
+static double eta_of(long long open, double rate);
 static void print_json(const char *table, const char *tenant, const char *batch,
                        PGresult *counts, PGresult *workers);
 static void print_text(const char *table, PGresult *counts, PGresult *workers);
+static long long ll_at(PGresult *r, int row, int col);
 
 int cmd_status(struct cli *g, int argc, char **argv)
 {
@@ -44,10 +103,14 @@ int cmd_status(struct cli *g, int argc, char **argv)
     { "tenant", required_argument, NULL, OPT_TENANT },
     { "batch", required_argument, NULL, OPT_BATCH },
     { "json", no_argument, NULL, OPT_JSON },
+    { "watch", no_argument, NULL, OPT_WATCH },
+    { "interval", required_argument, NULL, OPT_INTERVAL },
+    { "until-empty", no_argument, NULL, OPT_UNTIL_EMPTY },
     { NULL, 0, NULL, 0 },
   };
-  const char *tenant = NULL, *batch = NULL;
-  int as_json = 0, opt, done, rc;
+  const char *tenant = NULL, *batch = NULL, *interval_arg = NULL;
+  int as_json = 0, watch = 0, until_empty = 0, opt, done, rc;
+  double interval = 2;
   g->usage = usage;
   opterr = 0;
   while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -60,30 +123,56 @@ int cmd_status(struct cli *g, int argc, char **argv)
     case OPT_TENANT: tenant = optarg; break;
     case OPT_BATCH: batch = optarg; break;
     case OPT_JSON: as_json = 1; break;
+    case OPT_WATCH: watch = 1; break;
+    case OPT_INTERVAL:
+      if (cli_parse_duration(optarg, &interval) != 0 || interval < 0.05 || interval > 86400)
+        return cli_usage_error(g, "--interval: '%s' is not a duration from 50ms to 1d", optarg);
+      interval_arg = optarg;
+      break;
+    case OPT_UNTIL_EMPTY: until_empty = 1; break;
     default:
       return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (optind < argc)
     return cli_usage_error(g, "unexpected argument '%s'", argv[optind]);
+  if (!watch && (interval_arg || until_empty))
+    return cli_usage_error(g, "--%s goes with --watch", interval_arg ? "interval" : "until-empty");
 
   PGconn *c;
   struct db_table t;
   if ((rc = cli_open(g, "status", &c, &t)) != EXIT_OK)
     return rc;
+  char err[DB_ERR_MAX];
+  if (migrate_check(c, &t, err, sizeof err) != 0) {
+    rc = cli_runtime_error(g, "%s", err);
+  } else if (watch) {
+    const char *term = getenv("TERM");
+    enum watch_mode mode = as_json ? WATCH_JSON
+                         : isatty(STDOUT_FILENO) && !(term && strcmp(term, "dumb") == 0)
+                           ? WATCH_TTY : WATCH_LINES;
+    rc = status_watch(g, c, &t, tenant, batch, mode, interval, until_empty);
+  } else {
+    rc = status_once(g, c, &t, tenant, batch, as_json);
+  }
+  cli_close(c, &t);
+  return rc;
+}
+
+static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const char *tenant,
+                       const char *batch, int as_json)
+{
   char err[DB_ERR_MAX], sql[1024];
   PGresult *counts = NULL, *workers = NULL;
   const char *params[] = { tenant, batch };
-  rc = EXIT_RUNTIME;
-  if (migrate_check(c, &t, err, sizeof err) != 0)
-    goto fail;
+  int rc = EXIT_RUNTIME;
   /* One snapshot for both reads, so the numbers add up. */
   if (db_command(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err, sizeof err) != 0)
     goto fail;
-  snprintf(sql, sizeof sql, counts_fmt, t.qualified);
+  snprintf(sql, sizeof sql, counts_fmt, t->qualified);
   if (!(counts = db_exec(c, sql, 2, params, err, sizeof err)))
     goto fail;
-  snprintf(sql, sizeof sql, workers_fmt, t.qualified);
+  snprintf(sql, sizeof sql, workers_fmt, t->qualified);
   if (!(workers = db_exec(c, sql, 2, params, err, sizeof err)))
     goto fail;
   db_command(c, "COMMIT", err, sizeof err);
@@ -98,8 +187,208 @@ fail:
 out:
   PQclear(counts);
   PQclear(workers);
-  cli_close(c, &t);
   return rc;
+}
+
+/* {====== --watch */
+
+static int status_watch(struct cli *g, PGconn *c, const struct db_table *t, const char *tenant,
+                        const char *batch, enum watch_mode mode, double interval,
+                        int until_empty)
+{
+  char err[DB_ERR_MAX], sql[sizeof watch_fmt + 256];
+  snprintf(sql, sizeof sql, watch_fmt, t->qualified, WATCH_MAX_BATCHES);
+  const char *params[] = { tenant, batch };
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = watch_on_signal;   /* no SA_RESTART: the sleep ends at once */
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  int drawn = 0;   /* lines of the last frame on the terminal, to redraw over */
+  while (!watch_stop) {
+    PGresult *r = db_exec(c, sql, 2, params, err, sizeof err);
+    if (!r) {
+      if (mode == WATCH_TTY && drawn)
+        fputc('\n', stdout);
+      return cli_runtime_error(g, "%s", err);
+    }
+    long long open = PQntuples(r) ? ll_at(r, 0, 7) : 0;
+    /* The frame is built whole, then written with one call: no flicker, no torn lines. */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) {
+      PQclear(r);
+      return cli_runtime_error(g, "out of memory");
+    }
+    watch_frame(f, r, g->table, batch, mode, interval, mode == WATCH_TTY ? terminal_columns() : 0);
+    PQclear(r);
+    fclose(f);
+    if (mode == WATCH_TTY && drawn)
+      printf("\033[%dF\033[J", drawn);   /* to the first line of the last frame, clear below */
+    fwrite(buf, 1, len, stdout);
+    fflush(stdout);
+    drawn = 0;
+    for (size_t i = 0; i < len; i++)
+      drawn += buf[i] == '\n';
+    free(buf);
+    if (until_empty && open == 0)
+      break;
+    if (watch_sleep(interval) != 0)
+      break;
+  }
+  return EXIT_OK;
+}
+
+static void watch_frame(FILE *f, PGresult *r, const char *table, const char *batch,
+                        enum watch_mode mode, double interval, int cols)
+{
+  char now[32], eta_s[32], line[1024];
+  time_t tt = time(NULL);
+  struct tm tm;
+  gmtime_r(&tt, &tm);
+  strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  int n = PQntuples(r);
+  long long shown_total = n ? ll_at(r, 0, 8) : 0, open_total = n ? ll_at(r, 0, 7) : 0;
+  json_t *frame = NULL, *arr = NULL;
+  if (mode == WATCH_JSON) {
+    frame = json_object();
+    arr = json_array();
+    json_object_set_new(frame, "time", json_string(now));
+    json_object_set_new(frame, "table", json_string(table));
+    json_object_set_new(frame, "open", json_integer(open_total));
+    json_object_set_new(frame, "more_batches",
+                        json_integer(shown_total > n ? shown_total - n : 0));
+  }
+  int label_w = 1;
+  for (int i = 0; i < n; i++) {
+    int w = PQgetisnull(r, i, 0) ? 10 : (int)strlen(PQgetvalue(r, i, 0));
+    if (w > label_w)
+      label_w = w > 30 ? 30 : w;
+  }
+  if (mode == WATCH_TTY) {
+    snprintf(line, sizeof line, "%s  %s  every %gs  (Ctrl-C stops)", table, now, interval);
+    fprintf(f, "%.*s\n", cols > 1 ? cols - 1 : (int)sizeof line, line);
+  }
+  for (int i = 0; i < n; i++) {
+    const char *name = PQgetisnull(r, i, 0) ? NULL : PQgetvalue(r, i, 0);
+    long long pending = ll_at(r, i, 1), leased = ll_at(r, i, 2), done = ll_at(r, i, 3),
+              dead = ll_at(r, i, 4), recent = ll_at(r, i, 5);
+    long long total = pending + leased + done + dead, open = pending + leased;
+    double window = PQgetisnull(r, i, 6) ? 0 : atof(PQgetvalue(r, i, 6));
+    double rate = window > 0 ? (double)recent / window : 0;
+    double eta = eta_of(open, rate);
+    double progress = total ? (double)(done + dead) / (double)total : 0;
+    if (open == 0)
+      snprintf(eta_s, sizeof eta_s, "0s");
+    else if (eta >= 0)
+      report_format_duration(eta, eta_s, sizeof eta_s);
+    else
+      snprintf(eta_s, sizeof eta_s, "-");
+    if (mode == WATCH_JSON) {
+      json_t *b = json_object(), *cnt = json_object();
+      json_object_set_new(b, "batch", name ? json_string(name) : json_null());
+      json_object_set_new(cnt, "pending", json_integer(pending));
+      json_object_set_new(cnt, "leased", json_integer(leased));
+      json_object_set_new(cnt, "done", json_integer(done));
+      json_object_set_new(cnt, "dead", json_integer(dead));
+      json_object_set_new(b, "counts", cnt);
+      json_object_set_new(b, "total", json_integer(total));
+      json_object_set_new(b, "progress", json_real(round(progress * 10000) / 10000));
+      json_object_set_new(b, "rate_per_s", json_real(round(rate * 100) / 100));
+      json_object_set_new(b, "eta_s", eta >= 0 ? json_real(round(eta * 10) / 10) : json_null());
+      json_array_append_new(arr, b);
+    } else if (mode == WATCH_LINES) {
+      fprintf(f, "%s batch=%s done=%lld dead=%lld pending=%lld leased=%lld total=%lld "
+              "progress=%.1f%% rate=%.2f/s eta=%s\n", now, name ? name : "-", done, dead,
+              pending, leased, total, progress * 100, rate, eta_s);
+    } else {
+      /* The bar takes what the label and typical numbers leave (10..50 columns), the same
+         for every batch of the frame; a line that is still too long is cut at the end. */
+      char stats[256], bar[56];
+      snprintf(stats, sizeof stats, " %5.1f%%  eta %-6s %6.1f/s  done %lld  dead %lld  pending %lld"
+               "  leased %lld", progress * 100, eta_s, rate, done, dead, pending, leased);
+      int bar_w = cols - 1 - label_w - 3 - 76;
+      bar_w = bar_w < 10 ? 10 : bar_w > 50 ? 50 : bar_w;
+      int filled = (int)(progress * bar_w);
+      for (int k = 0; k < bar_w; k++)
+        bar[k] = k < filled ? '#' : '.';
+      bar[bar_w] = '\0';
+      snprintf(line, sizeof line, "%-*.*s [%s]%s", label_w, label_w,
+               name ? name : "(no batch)", bar, stats);
+      fprintf(f, "%.*s\n", cols > 1 ? cols - 1 : (int)sizeof line, line);
+    }
+  }
+  if (mode == WATCH_JSON) {
+    json_object_set_new(frame, "batches", arr);
+    char *s = json_dumps(frame, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s)
+      fprintf(f, "%s\n", s);
+    free(s);
+    json_decref(frame);
+    return;
+  }
+  if (shown_total > n)
+    fprintf(f, "%s(and %lld more active batches)\n", mode == WATCH_LINES ? now : "",
+            shown_total - n);
+  if (n == 0) {
+    if (batch)
+      fprintf(f, "%s%sbatch %s has no tasks\n", mode == WATCH_LINES ? now : "",
+              mode == WATCH_LINES ? " " : "", batch);
+    else
+      fprintf(f, "%s%snothing pending or leased, nothing finished in the last 5 minutes\n",
+              mode == WATCH_LINES ? now : "", mode == WATCH_LINES ? " " : "");
+  }
+}
+
+static void watch_on_signal(int sig)
+{
+  (void)sig;
+  watch_stop = 1;
+}
+
+/* Sleeps secs in short steps; -1 once a stop signal arrived. */
+static int watch_sleep(double secs)
+{
+  struct timespec end, now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  end = now;
+  end.tv_sec += (time_t)secs;
+  end.tv_nsec += (long)((secs - (double)(time_t)secs) * 1e9);
+  if (end.tv_nsec >= 1000000000L) {
+    end.tv_sec++;
+    end.tv_nsec -= 1000000000L;
+  }
+  while (!watch_stop) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+      return 0;
+    struct timespec step = { 0, 50 * 1000000L };
+    nanosleep(&step, NULL);
+  }
+  return -1;
+}
+
+static int terminal_columns(void)
+{
+  struct winsize ws;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20)
+    return ws.ws_col;
+  return 80;
+}
+
+/* }====== */
+
+/* Seconds until open tasks are done at rate, or -1 when unknown (nothing finishing). */
+static double eta_of(long long open, double rate)
+{
+  return rate > 0 ? (double)open / rate : -1;
+}
+
+static long long ll_at(PGresult *r, int row, int col)
+{
+  return strtoll(PQgetvalue(r, row, col), NULL, 10);
 }
 
 static json_t *count_value(PGresult *r, int col)
@@ -130,6 +419,12 @@ static void print_json(const char *table, const char *tenant, const char *batch,
     json_object_set_new(w, PQgetvalue(workers, i, 0),
                         json_integer(strtoll(PQgetvalue(workers, i, 1), NULL, 10)));
   json_object_set_new(o, "leases_by_worker", w);
+  /* Added after the fields above, which stay as they were. */
+  long long open = pending + strtoll(PQgetvalue(counts, 0, 2), NULL, 10);
+  double rate = (double)strtoll(PQgetvalue(counts, 0, 6), NULL, 10) / 60.0;
+  double eta = eta_of(open, rate);
+  json_object_set_new(o, "throughput_per_s_1m", json_real(round(rate * 1000) / 1000));
+  json_object_set_new(o, "eta_s", eta >= 0 ? json_real(round(eta * 10) / 10) : json_null());
   char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
   if (s)
     printf("%s\n", s);
@@ -148,6 +443,17 @@ static void print_text(const char *table, PGresult *counts, PGresult *workers)
   printf("dead     %s\n", PQgetvalue(counts, 0, 4));
   if (!PQgetisnull(counts, 0, 5))
     printf("oldest runnable task waits %.1f s\n", atof(PQgetvalue(counts, 0, 5)));
+  long long open = pending + strtoll(PQgetvalue(counts, 0, 2), NULL, 10);
+  double rate = (double)strtoll(PQgetvalue(counts, 0, 6), NULL, 10) / 60.0;
+  double eta = eta_of(open, rate);
+  char eta_s[32];
+  printf("rate     %.2f/s (done and dead in the last minute)\n", rate);
+  if (open > 0 && eta >= 0) {
+    report_format_duration(eta, eta_s, sizeof eta_s);
+    printf("eta      %s (pending and leased at that rate)\n", eta_s);
+  } else if (open > 0) {
+    printf("eta      - (nothing finished in the last minute)\n");
+  }
   for (int i = 0; i < PQntuples(workers); i++)
     printf("worker   %s holds %s lease%s\n", PQgetvalue(workers, i, 0), PQgetvalue(workers, i, 1),
            strcmp(PQgetvalue(workers, i, 1), "1") == 0 ? "" : "s");

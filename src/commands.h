@@ -13,6 +13,10 @@ int cmd_enqueue(struct cli *g, int argc, char **argv);
 int cmd_status(struct cli *g, int argc, char **argv);
 int cmd_run(struct cli *g, int argc, char **argv);
 int cmd_check(struct cli *g, int argc, char **argv);
+int cmd_report(struct cli *g, int argc, char **argv);
+int cmd_requeue(struct cli *g, int argc, char **argv);
+int cmd_inspect(struct cli *g, int argc, char **argv);
+int cmd_prune(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */
 extern const char cli_global_help[];

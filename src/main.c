@@ -17,7 +17,11 @@ struct command {
 static const struct command commands[] = {
   { "migrate", cmd_migrate, "create or upgrade the queue table's schema" },
   { "enqueue", cmd_enqueue, "add one task, or many from a JSONL file" },
-  { "status", cmd_status, "counts per status and the oldest runnable task's age" },
+  { "status", cmd_status, "counts per status, throughput, ETA; --watch for live progress" },
+  { "report", cmd_report, "a batch's summary: totals, attempts, durations, dead reasons" },
+  { "requeue", cmd_requeue, "put dead tasks back to pending (--dead, or --id N)" },
+  { "inspect", cmd_inspect, "one task's row, its stored steps and last error" },
+  { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
   { "run", cmd_run, "run the worker host with a Lua script" },
   { "check", cmd_check, "load a Lua script as run would and report errors" },
   { NULL, NULL, NULL },
