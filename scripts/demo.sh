@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# The quick start: installs what is missing, builds, starts a throwaway PostgreSQL, migrates,
-# enqueues a batch of chunk-summary tasks, drains it with two worker processes
-# (--until-empty), prints the batch's status, and cleans up everything it started.
+# The main job, on an embedded default: a nightly ticket-grading batch.
+#
+# Installs what is missing, builds, starts a throwaway PostgreSQL and a local mock LLM
+# endpoint (latency, occasional 429 with Retry-After, 500 and malformed answers: no
+# internet), creates a tickets table, enqueues one grading task per ticket as batch
+# nightly-YYYY-MM-DD, runs two worker processes with scripts/grade_ticket.lua and
+# --until-empty while `leash status --watch` shows progress, and ends with the batch report.
+# Everything it started is stopped and removed on exit.
+#
+#   scripts/demo.sh                    # 3,000 tickets
+#   LEASH_DEMO_TICKETS=500 scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TICKETS=${LEASH_DEMO_TICKETS:-3000}
+SLOTS=${LEASH_DEMO_SLOTS:-24}
 
 # shellcheck source=scripts/deps.sh
 source scripts/deps.sh
@@ -12,51 +23,75 @@ deps_install
 printf '\n==> building\n'
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j2 >/dev/null
-LEASH=build/leash
+LEASH=$PWD/build/leash
 
-printf '\n==> starting a throwaway PostgreSQL\n'
+printf '\n==> starting a throwaway PostgreSQL and a mock LLM endpoint\n'
 mapfile -t pg_vars < <(compgen -e | grep '^PG' || true)
 unset DATABASE_URL "${pg_vars[@]}"
 eval "$(scripts/pg.sh start)"
+work=$(mktemp -d /tmp/leash-demo.XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
   scripts/pg.sh stop "$LEASH_PG_DIR"
+  rm -rf "$work"
 }
 trap cleanup EXIT
 DATABASE_URL=$(scripts/pg.sh newdb leash_demo)
 export DATABASE_URL
 
-printf '\n==> leash migrate\n'
+python3 scripts/mock_llm.py --port 0 --latency-ms 20-120 --rate-429 0.03 --rate-500 0.02 \
+  --rate-malformed 0.01 --faults-max-per-prompt 2 --seed 7 --idle-exit 300 \
+  >"$work/mock.out" 2>"$work/mock.log" &
+pids+=($!)
+for _ in $(seq 1 100); do
+  grep -q '^PORT ' "$work/mock.out" 2>/dev/null && break
+  sleep 0.1
+done
+port=$(sed -n 's/^PORT //p' "$work/mock.out")
+[[ -n $port ]] || { echo "demo: the mock LLM did not start" >&2; cat "$work/mock.log" >&2; exit 1; }
+llm_url="http://127.0.0.1:$port/v1/chat/completions"
+echo "mock LLM at $llm_url"
+
+printf '\n==> leash migrate, and %d generated tickets\n' "$TICKETS"
 $LEASH migrate
-psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -c \
-  "CREATE TABLE chunk_summaries (doc text, chunk int, summary text, worker text,
-                                 PRIMARY KEY (doc, chunk))"
+psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" <<SQL
+CREATE TABLE tickets (id bigint PRIMARY KEY, subject text NOT NULL, body text NOT NULL);
+CREATE TABLE ticket_grades (ticket_id bigint PRIMARY KEY, grade int NOT NULL, reason text,
+                            graded_by text, graded_at timestamptz NOT NULL DEFAULT now());
+INSERT INTO tickets
+SELECT i, (ARRAY['Export fails', 'Login loop', 'Invoice wrong', 'Slow dashboard',
+                 'Cannot reset password'])[1 + i % 5] || ' #' || i,
+       'Customer ' || i || ' writes: ' ||
+       (ARRAY['the CSV export stops at 10,000 rows with error E' || (i % 17),
+              'after the update I am sent back to the login page every time',
+              'my invoice lists a seat we cancelled last month',
+              'the dashboard takes a minute to load since Tuesday',
+              'the reset link says it expired although I just asked for it'])[1 + i % 5]
+  FROM generate_series(1, $TICKETS) i;
+SQL
 
-BATCH="demo-$(date +%F)"
-DOCS=${LEASH_DEMO_DOCS:-30}
-CHUNKS=${LEASH_DEMO_CHUNKS:-10}
-printf '\n==> enqueueing %d documents x %d chunks as batch %s\n' "$DOCS" "$CHUNKS" "$BATCH"
-for d in $(seq 1 "$DOCS"); do
-  for c in $(seq 1 "$CHUNKS"); do
-    printf '{"payload":{"doc":"doc-%d","chunk":%d,"text":"Chunk %d of document %d: the quarterly report says revenue grew while costs held steady across every region we track"},"shard_key":"doc-%d"}\n' \
-      "$d" "$((d * 100 + c))" "$c" "$d" "$d"
-  done
-done | $LEASH enqueue --file - --batch "$BATCH" --tenant demo
+BATCH="nightly-$(date +%F)"
+printf '\n==> enqueueing one grading task per ticket as batch %s\n' "$BATCH"
+psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -v url="$llm_url" -f - <<'SQL' |
+SELECT json_build_object('payload', json_build_object('ticket_id', id, 'llm_url', :'url'))
+  FROM tickets ORDER BY id;
+SQL
+  $LEASH enqueue --file - --batch "$BATCH" --tenant support
 
-printf '\n==> two workers, 8 slots each, until the batch has settled\n'
+printf '\n==> two workers, %d slots each, until the batch has settled\n' "$SLOTS"
 for w in 1 2; do
-  $LEASH run scripts/summarize_chunks.lua --concurrency 8 --batch "$BATCH" --until-empty \
-    --worker-id "demo-worker-$w" --log-level warn &
+  $LEASH run scripts/grade_ticket.lua --concurrency "$SLOTS" --batch "$BATCH" --until-empty \
+    --worker-id "grader-$w" --log-level warn 2>"$work/worker-$w.log" &
   pids+=($!)
 done
-for p in "${pids[@]}"; do wait "$p"; done
-pids=()
+$LEASH status --watch --interval 1 --batch "$BATCH" --until-empty
+for p in "${pids[@]:1}"; do wait "$p"; done
 
-printf '\n==> leash status --batch %s\n' "$BATCH"
-$LEASH status --batch "$BATCH"
-printf '\n==> a few summaries\n'
+printf '\n==> leash report --batch %s\n' "$BATCH"
+$LEASH report --batch "$BATCH"
+printf '\n==> grades\n'
 psql -X -q -d "$DATABASE_URL" -c \
-  "SELECT doc, chunk, summary, worker FROM chunk_summaries ORDER BY doc, chunk LIMIT 5"
-psql -X -q -d "$DATABASE_URL" -c \
-  "SELECT worker, count(*) AS chunks FROM chunk_summaries GROUP BY 1 ORDER BY 1"
+  "SELECT grade, count(*) AS tickets, (array_agg(reason))[1] AS example_reason
+     FROM ticket_grades GROUP BY grade ORDER BY grade"
