@@ -21,9 +21,11 @@ UPDATE {{table}}
 CREATE UNIQUE INDEX IF NOT EXISTS {{name:one_lease_per_shard}}
   ON {{table}} (tenant_id, shard_key) WHERE status = 'leased';
 
--- --until-empty and status --batch look for unsettled rows of one batch.
+-- --until-empty and status --batch look for unsettled rows of one batch. "batch IS NOT NULL"
+-- keeps the planner from ever using this index for the claim's lease probe (which has no
+-- batch condition): with stale statistics it once chose a full scan of it per candidate row.
 CREATE INDEX IF NOT EXISTS {{name:batch_open_idx}}
-  ON {{table}} (batch) WHERE status IN ('pending', 'leased');
+  ON {{table}} (batch) WHERE status IN ('pending', 'leased') AND batch IS NOT NULL;
 
 -- Wake-up: one notification per inserting statement that made a row runnable now, on the
 -- channel leash_<table oid> (LISTENers compute the same name). Statement-level, so a COPY of

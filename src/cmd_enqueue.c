@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define ANALYZE_AFTER_ROWS 1000
+
 static const char usage[] =
   "usage: leash enqueue [OPTIONS] PAYLOAD_JSON\n"
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
@@ -295,6 +297,19 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   }
   printf("%ld\n", inserted);
   rc = EXIT_OK;
+  /* A big batch changes the table more than autoanalyze notices in time, and a claim
+     planned on statistics from before it can be slow: refresh them now (cheap, sampled).
+     A role that does not own the table gets a warning from the server, which is fine. */
+  if (inserted >= ANALYZE_AFTER_ROWS) {
+    size_t n = strlen(t->qualified) + 16;
+    char *analyze = malloc(n);
+    if (analyze) {
+      snprintf(analyze, n, "ANALYZE %s", t->qualified);
+      if (db_command(c, analyze, err, sizeof err) != 0)
+        fprintf(stderr, "leash enqueue: warning: %s\n", err);
+      free(analyze);
+    }
+  }
   goto out;
 rollback:
   db_command(c, "ROLLBACK", err, sizeof err);

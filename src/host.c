@@ -7,6 +7,7 @@
 #include "log.h"
 #include "migrate.h"
 #include "reload.h"
+#include "report.h"
 #include "script.h"
 
 #include <math.h>
@@ -60,6 +61,7 @@ static int ensure_connection(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static int cycle(struct dispatcher *d, struct task *list, int want);
 static int ready_target(const struct dispatcher *d);
+static int held_now(struct host *h);
 static long long log_progress(struct dispatcher *d, long long before);
 static void distribute(struct dispatcher *d, struct task *list);
 static void release_ready(struct dispatcher *d);
@@ -324,19 +326,26 @@ static int dispatch(struct dispatcher *d)
           if (got > 0 || woken)
             idle_poll = 0;
           if (!more) {
-            idle_poll = next_idle_poll(cfg, idle_poll, got == 0);
+            /* Only a poll nothing triggered backs off: an empty claim made because a slot
+               finished says nothing about how idle the queue is. */
+            idle_poll = next_idle_poll(cfg, idle_poll, got == 0 && !finished);
             next_poll = now + idle_poll;
             /* A row due sooner (a retry's backoff, a --delay) is claimed when it is due. */
             if (d->next_due >= 0 && now + d->next_due + 0.002 < next_poll)
               next_poll = now + d->next_due + 0.002;
           }
         }
-        if (claim_now && got == 0 && cfg->until_empty && nheld == 0 && !finished &&
-            now >= next_empty_check) {
+        if (claim_now && got == 0 && cfg->until_empty && now >= next_empty_check &&
+            held_now(h) == 0) {
           char err[DB_ERR_MAX];
           int open = queue_scope_open(d->q, d->conn, &cfg->scope, err, sizeof err);
           if (open == 0) {
             log_info("queue empty for this scope: exiting (--until-empty)");
+            /* The scope has settled: its report goes to stdout (logs are on stderr). */
+            if (report_print(d->conn, &h->table, cfg->scope.tenants, cfg->scope.batch, 0,
+                             stdout, err, sizeof err) != 0)
+              log_warn("report: %s", err);
+            fflush(stdout);
             return 0;
           }
           if (open < 0)
@@ -773,6 +782,14 @@ static void *signal_main(void *arg)
     pthread_cond_signal(&d->h->cv);
     pthread_mutex_unlock(&d->h->mu);
   }
+}
+
+static int held_now(struct host *h)
+{
+  pthread_mutex_lock(&h->mu);
+  int n = h->nheld;
+  pthread_mutex_unlock(&h->mu);
+  return n;
 }
 
 static void held_add(struct host *h, struct task *t)

@@ -141,7 +141,7 @@ static void *reload_main(void *arg)
              swapping that symlink to a new folder, while the .lua names (symlinks into
              ..data) never change. Editors' swap and backup files do not count. */
           if ((len > 4 && strcmp(ev->name + len - 4, ".lua") == 0) ||
-              strcmp(ev->name, "..data") == 0)
+              (len == 6 && memcmp(ev->name, "..data", 6) == 0))
             due = task_now() + COALESCE_S;
           p += sizeof *ev + ev->len;
         }

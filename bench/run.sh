@@ -1,0 +1,560 @@
+#!/usr/bin/env bash
+# leash's own benchmark: one command, a table of figures (not pass/fail; issue 6 has targets).
+#
+#   bench/run.sh [--smoke] [--workloads a,b,...] [--n N] [--c C]
+#
+# Workloads (default: all of them, in this order):
+#   drain      N no-op tasks, each its own shard, drained by one `leash run --concurrency C
+#              --until-empty`: tasks/s = N / wall time of that process.
+#   serial     the same over 100 shard keys: tasks/s, and overlaps = rows whose lease
+#              [started_at, finished_at] began before an earlier lease of the same
+#              (tenant_id, shard_key) had ended, from the rows themselves (must be 0).
+#   latency    C idle slots; one psql session INSERTs one row every 20 ms for 10 s; pickup =
+#              started_at - created_at (both the server's clock): p50/p95/p99/max ms.
+#   depth      N tasks of one batch drained with --batch, without and then with 1,000,000 rows
+#              scheduled ten years ahead (plain SQL INSERT): rate with / rate without.
+#   one-row    10 processes x --concurrency 1 --claim-batch 1 draining N tasks, against the
+#              two-transaction floor on the same cluster: pgbench -M prepared, 10 clients,
+#              10 s, floor_2tx.sql on its seed table with 300,000 runnable rows.
+#   wide       one process, --concurrency 1000, 10,000 tasks that each leash.sleep(1): wall
+#              time, most connections of its database seen in pg_stat_activity (sampled every
+#              100 ms), RSS per idle slot = (VmRSS idle at 1000 slots - at 10 slots) / 990.
+#   idle       one worker (C slots) with nothing to do, 30 s: transactions/s of its database
+#              (pg_stat_database xact_commit + xact_rollback).
+#   heartbeat  one process, 50 slots each in a leash.sleep, --heartbeat 1s: transactions in a
+#              5 s window, per heartbeat interval; cross-checked by a statement trigger that
+#              counts UPDATE statements on the queue. PostgreSQL 15 may hold a backend's
+#              counters up to 10 s before pg_stat_database shows them, so idle and heartbeat
+#              windows start 11 s after the last burst, and the sleeps last 20 s, not 10.
+#
+# Every workload gets a fresh database (dropped afterwards). --smoke runs each at tiny sizes,
+# in well under a minute, to prove the bench still works (tests/integration/bench.sh).
+#
+# Environment:
+#   LEASH_BIN            the binary (default build/leash; this script builds nothing)
+#   LEASH_BENCH_USE_PG=1 use the running cluster of PGHOST/PGPORT/PGUSER; otherwise a throwaway
+#                        one is started with fsync on (scripts/pg.sh) and stopped at exit
+#   LEASH_BENCH_SQL      folder of the floor's seed.sql and floor_2tx.sql
+#                        (default: ../shared/bench/sql next to the repository)
+#
+# The figures of one run share the machine with whatever else runs on it: the table shows
+# the 1-minute load average when each workload started.
+# shellcheck disable=SC2317 # the w_* functions run by name ("w_$w"), cleanup by trap
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+usage() { sed -n '2,/^# shellcheck/{/^# shellcheck/d;s/^# \{0,1\}//;p}' "$0"; }
+die() { echo "bench/run.sh: $*" >&2; exit 1; }
+
+ALL_WORKLOADS=drain,serial,latency,depth,one-row,wide,idle,heartbeat
+SMOKE=0 WORKLOADS=$ALL_WORKLOADS N="" C=""
+while (($#)); do
+  case $1 in
+    --smoke) SMOKE=1 ;;
+    --workloads) (($# >= 2)) || die "--workloads needs a value"; WORKLOADS=$2; shift ;;
+    --workloads=*) WORKLOADS=${1#*=} ;;
+    --n) (($# >= 2)) || die "--n needs a value"; N=$2; shift ;;
+    --n=*) N=${1#*=} ;;
+    --c) (($# >= 2)) || die "--c needs a value"; C=$2; shift ;;
+    --c=*) C=${1#*=} ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench/run.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+IFS=, read -r -a WL <<<"$WORKLOADS"
+((${#WL[@]})) || die "--workloads is empty"
+for w in "${WL[@]}"; do
+  [[ ,$ALL_WORKLOADS, == *,"$w",* ]] || { echo "bench/run.sh: unknown workload $w (known: $ALL_WORKLOADS)" >&2; exit 2; }
+done
+
+# ------------------------------------------------------------------ sizes
+if ((SMOKE)); then
+  : "${N:=300}" "${C:=4}"
+  LAT_SECONDS=2 LAT_SETTLE=1
+  DEPTH_BACKLOG=20000
+  ONEROW_PROCS=10 FLOOR_SECONDS=1 FLOOR_ROWS=50000
+  WIDE_TASKS=200 WIDE_C=100 WIDE_SLEEP=0.2
+  IDLE_SECONDS=3 IDLE_WARM=1
+  HB_SLOTS=10 HB_SLEEP=6 HB_INTERVAL=0.5 HB_WINDOW=2 HB_WARM=1
+else
+  : "${N:=20000}" "${C:=10}"
+  LAT_SECONDS=10 LAT_SETTLE=3
+  DEPTH_BACKLOG=1000000
+  ONEROW_PROCS=10 FLOOR_SECONDS=10 FLOOR_ROWS=300000
+  WIDE_TASKS=10000 WIDE_C=1000 WIDE_SLEEP=1
+  # PostgreSQL 15 holds a backend's counters for up to 10 s (PGSTAT_IDLE_INTERVAL) before
+  # they reach pg_stat_database, so a window of transaction counts starts 11 s after the last
+  # burst (start-up, claims); the heartbeat's tasks sleep long enough to cover that.
+  IDLE_SECONDS=30 IDLE_WARM=11
+  HB_SLOTS=50 HB_SLEEP=20 HB_INTERVAL=1 HB_WINDOW=5 HB_WARM=11
+fi
+[[ $N =~ ^[1-9][0-9]*$ ]] || die "--n must be a positive integer"
+[[ $C =~ ^[1-9][0-9]*$ ]] || die "--c must be a positive integer"
+SERIAL_KEYS=100 LAT_INTERVAL_MS=20 FLOOR_CLIENTS=10 IDLE_SLOTS=$C
+
+LEASH=${LEASH_BIN:-build/leash}
+[[ $LEASH == /* ]] || LEASH=$ROOT/$LEASH
+[[ -x $LEASH ]] || die "$LEASH is not built (cmake -S . -B build && cmake --build build)"
+LUA=$ROOT/bench/lua
+FLOOR_SQL=${LEASH_BENCH_SQL:-$(cd "$ROOT/.." && pwd)/shared/bench/sql}
+for tool in psql pgbench awk; do command -v "$tool" >/dev/null || die "$tool not found"; done
+
+# ------------------------------------------------------------------ clean-up
+WORK=$(mktemp -d /tmp/leash-bench.XXXXXX)
+: >"$WORK/dbs"
+: >"$WORK/rows"
+OWN_PG=""
+WL_PID=""
+# The workload running now is a subshell (below) that stops its own workers when it exits.
+cleanup() {
+  local rc=$? db i
+  trap - EXIT INT TERM
+  if [[ -n $WL_PID ]] && kill -TERM "$WL_PID" 2>/dev/null; then
+    for ((i = 0; i < 150; i++)); do kill -0 "$WL_PID" 2>/dev/null || break; sleep 0.1; done
+  fi
+  if [[ -z $OWN_PG ]]; then   # someone else's cluster: leave no database behind
+    while read -r db; do
+      [[ -n $db ]] && psql -X -q -d postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
+    done <"$WORK/dbs"
+  else
+    scripts/pg.sh stop "$OWN_PG" >/dev/null 2>&1 || echo "bench/run.sh: could not stop $OWN_PG" >&2
+  fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ------------------------------------------------------------------ cluster
+if [[ ${LEASH_BENCH_USE_PG:-0} == 1 ]]; then
+  [[ -n ${PGHOST:-} && -n ${PGPORT:-} ]] || die "LEASH_BENCH_USE_PG=1 needs PGHOST and PGPORT"
+  unset DATABASE_URL
+  export PGUSER=${PGUSER:-postgres}
+else
+  mapfile -t pg_vars < <(compgen -e | grep '^PG' || true)
+  unset DATABASE_URL "${pg_vars[@]}"
+  eval "$(LEASH_PG_FSYNC=on scripts/pg.sh start)"
+  OWN_PG=$LEASH_PG_DIR
+  grep -q '^fsync=on$' "$OWN_PG/leash-pg.env" || die "the cluster came up without fsync"
+fi
+DB_PREFIX=lb$$
+
+# ------------------------------------------------------------------ helpers
+say() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
+now_us() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((10#$t)); }
+# calc FORMAT EXPR: awk arithmetic, printed with FORMAT.
+calc() { awk "BEGIN { printf \"$1\", $2 }"; }
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+q() { psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -c "$1"; }
+qp() { psql -X -A -t -q -v ON_ERROR_STOP=1 -d postgres -c "$1"; }
+q_true() { [[ $(q "$1") == t ]]; }
+
+# newdb NAME: a fresh migrated database ${DB_PREFIX}_NAME; sets DB and DATABASE_URL.
+newdb() {
+  DB=${DB_PREFIX}_${1//-/_}
+  echo "$DB" >>"$WORK/dbs"
+  DATABASE_URL=$(scripts/pg.sh newdb "$DB")
+  export DATABASE_URL
+  "$LEASH" migrate >/dev/null 2>"$WORK/migrate.log" || die "leash migrate: $(tail -n 3 "$WORK/migrate.log")"
+}
+dropdb() { qp "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null; }
+
+# tasks N KEYS [BATCH] [PAYLOAD_JSON]: JSONL on stdout; KEYS=0 gives every task its own shard.
+tasks() {
+  awk -v n="$1" -v k="$2" -v b="${3:-}" -v p="${4:-}" 'BEGIN {
+    for (i = 0; i < n; i++) {
+      key = k > 0 ? "k" (i % k) : "d" i
+      printf "{\"payload\":%s,\"shard_key\":\"%s\"%s}\n", (p == "" ? "{\"i\":" i "}" : p), key,
+             (b == "" ? "" : ",\"batch\":\"" b "\"")
+    }
+  }'
+}
+# enqueue FILE WANT: bulk enqueue (tenant bench) and check the count.
+enqueue() {
+  local got
+  got=$("$LEASH" enqueue --tenant bench --file "$1" 2>"$WORK/enqueue.log") \
+    || die "leash enqueue: $(tail -n 3 "$WORK/enqueue.log")"
+  [[ $got == "$2" ]] || die "leash enqueue printed $got, want $2"
+}
+# settle_db: statistics fresh, and no checkpoint from the set-up inside the measurement.
+# (The smoke skips the CHECKPOINT: it measures nothing and each one costs most of a second.)
+settle_db() {
+  q "VACUUM ANALYZE" >/dev/null
+  ((SMOKE)) || q "CHECKPOINT" >/dev/null
+}
+
+# Workers not yet waited for (pid -> 1); a workload's subshell stops them when it exits.
+declare -A LIVE=()
+stop_live() {
+  local pid
+  for pid in "${!LIVE[@]}"; do stop "" "$pid"; done
+}
+# start NAME ARGS...: `leash run ARGS --worker-id NAME` in the background; stderr in
+# $WORK/NAME.log; sets PID.
+start() {
+  local name=$1
+  shift
+  "$LEASH" run "$@" --worker-id "$name" >"$WORK/$name.out" 2>"$WORK/$name.log" &
+  PID=$!
+  LIVE[$PID]=1
+}
+# finish NAME PID: waits for the worker and fails unless it exited 0.
+finish() {
+  local rc=0
+  wait "$2" || rc=$?
+  unset "LIVE[$2]"
+  ((rc == 0)) || die "leash run ($1) exited $rc: $(tail -n 5 "$WORK/$1.log")"
+}
+# stop NAME PID: SIGTERM, then SIGKILL after 10 s.
+stop() {
+  local i
+  unset "LIVE[$2]"
+  kill -TERM "$2" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$2" 2>/dev/null || true
+  wait "$2" 2>/dev/null || true
+}
+# nap S: a sleep that a signal interrupts (the trap runs at once, not after the sleep).
+nap() { sleep "$1" & wait $!; }
+# wait_until DESC TIMEOUT_S CMD...: re-runs CMD every 50 ms until it succeeds.
+wait_until() {
+  local desc=$1 deadline=$(($(now_us) + $2 * 1000000))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    (($(now_us) < deadline)) || die "timeout waiting for $desc"
+    sleep 0.05
+  done
+}
+running() { grep -qF "running $2 slot" "$WORK/$1.log"; }
+vmrss() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
+# rss_idle PID: VmRSS (kB) once it read the same 10 times in a row, 100 ms apart (or after 30 s).
+rss_idle() {
+  local prev="" cur same=0 i
+  for ((i = 0; i < 300 && same < 10; i++)); do
+    cur=$(vmrss "$1")
+    [[ -n $cur ]] || die "process $1 is gone"
+    if [[ $cur == "$prev" ]]; then same=$((same + 1)); else same=0; fi
+    prev=$cur
+    sleep 0.1
+  done
+  echo "$prev"
+}
+# xacts: "transactions|server time" — the transactions of $DB so far (commits + rollbacks, as
+# pg_stat_database has them), read from another database so that reading adds none.
+xacts() {
+  qp "SELECT xact_commit + xact_rollback, clock_timestamp() FROM pg_stat_database WHERE datname = '$DB'"
+}
+done_count() { q "SELECT count(*) FROM agent_work_queue WHERE status = 'done'"; }
+# timed_drain NAME ARGS...: runs `leash run ARGS` to its end; sets WALL (seconds) and PARTS,
+# which splits it (the host's clock and the server's are one here) into start-up (process
+# start to first claim), work (first claim to last settle) and exit (last settle to exit).
+timed_drain() {
+  local name=$1 t0 t1
+  shift
+  t0=$(now_us)
+  start "$name" "$@"
+  finish "$name" "$PID"
+  t1=$(now_us)
+  WALL=$(calc %.3f "($t1 - $t0) / 1e6")
+  split_wall "$t0" "$t1"
+}
+# split_wall T0_US T1_US: sets PARTS (see timed_drain) from the rows' started_at/finished_at.
+split_wall() {
+  local t0=$1 t1=$2 r up work tail
+  r=$(q "SELECT round(extract(epoch FROM min(started_at)) - $t0 / 1e6, 3),
+                round(extract(epoch FROM max(finished_at) - min(started_at))::numeric, 3),
+                round($t1 / 1e6 - extract(epoch FROM max(finished_at)), 3)
+           FROM agent_work_queue WHERE started_at IS NOT NULL")
+  IFS='|' read -r up work tail <<<"$r"
+  PARTS="start-up $up s + work $work s + exit $tail s after the last settle"
+}
+
+# fig WORKLOAD FIGURE DETAILS: one row of the table.
+fig() {
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$WL_LOAD" >>"$WORK/rows"
+  say "$1: $2 ($3)"
+}
+
+# ------------------------------------------------------------------ workloads
+w_drain() {
+  newdb drain
+  tasks "$N" 0 >"$WORK/t.jsonl"
+  enqueue "$WORK/t.jsonl" "$N"
+  settle_db
+  timed_drain drain "$LUA/noop.lua" --concurrency "$C" --until-empty
+  local d
+  d=$(done_count)
+  [[ $d == "$N" ]] || die "drain: $d of $N tasks done"
+  fig drain "$(calc %.0f "$N / $WALL") tasks/s" "$N no-op tasks, one shard each, C=$C: ${WALL} s = $PARTS"
+  dropdb
+}
+
+w_serial() {
+  newdb serial
+  tasks "$N" "$SERIAL_KEYS" >"$WORK/t.jsonl"
+  enqueue "$WORK/t.jsonl" "$N"
+  settle_db
+  timed_drain serial "$LUA/noop.lua" --concurrency "$C" --until-empty
+  local d r
+  d=$(done_count)
+  [[ $d == "$N" ]] || die "serial: $d of $N tasks done"
+  # A row overlaps when its lease began before the latest end of an earlier-started lease of
+  # its shard. started_at/finished_at are the claim's and the settle's transaction times, so a
+  # shard released and claimed again in one cycle gives finished_at = started_at: no overlap.
+  r=$(q "WITH r AS (
+           SELECT started_at, finished_at, attempts,
+                  max(finished_at) OVER (PARTITION BY tenant_id, shard_key ORDER BY started_at, id
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+             FROM agent_work_queue)
+         SELECT count(*) FILTER (WHERE started_at < prev_end),
+                count(*) FILTER (WHERE attempts <> 1),
+                count(*) FILTER (WHERE started_at IS NULL OR finished_at IS NULL)
+           FROM r")
+  local overlaps retried unstamped
+  IFS='|' read -r overlaps retried unstamped <<<"$r"
+  fig serial "$(calc %.0f "$N / $WALL") tasks/s, $overlaps overlaps" \
+    "$N no-op tasks over $SERIAL_KEYS shard keys, C=$C: ${WALL} s = $PARTS; same-shard lease overlaps $overlaps (rows retried $retried, without timestamps $unstamped)"
+  dropdb
+}
+
+w_latency() {
+  newdb latency
+  settle_db
+  start latency "$LUA/noop.lua" --concurrency "$C"
+  local pid=$PID total=$((LAT_SECONDS * 1000 / LAT_INTERVAL_MS))
+  wait_until "the latency worker to run" 60 running latency "$C"
+  nap "$LAT_SETTLE"   # let it settle into its idle loop
+  # The driver: one psql session, one plain INSERT every 20 ms on a fixed schedule (a missed
+  # tick is sent at once, not skipped). Sleeps are `read -t` on a fifo: no fork per row.
+  mkfifo "$WORK/tick"
+  (
+    exec {tick}<>"$WORK/tick"
+    start_us=$(now_us)
+    for ((j = 0; j < total; j++)); do
+      d=$((start_us + j * LAT_INTERVAL_MS * 1000 - $(now_us)))
+      if ((d > 0)); then read -r -t "$((d / 1000000)).$(printf %06d $((d % 1000000)))" -u "$tick" || true; fi
+      printf "INSERT INTO agent_work_queue (tenant_id, shard_key, payload) VALUES ('bench', 'l%d', '{\"i\": %d}');\n" "$j" "$j"
+    done
+  ) | psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >/dev/null
+  wait_until "every row to be picked up" 30 q_true "SELECT count(*) = $total FROM agent_work_queue WHERE status = 'done'"
+  stop latency "$pid"
+  local r n p50 p95 p99 max
+  r=$(q "WITH l AS (SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms FROM agent_work_queue)
+         SELECT count(*),
+                round(percentile_cont(0.50) WITHIN GROUP (ORDER BY ms)::numeric, 2),
+                round(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms)::numeric, 2),
+                round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2),
+                round(max(ms)::numeric, 2)
+           FROM l")
+  IFS='|' read -r n p50 p95 p99 max <<<"$r"
+  fig latency "p50 $p50 ms, p99 $p99 ms" \
+    "pickup (started_at - created_at) of $n rows, 1 INSERT per ${LAT_INTERVAL_MS} ms for ${LAT_SECONDS} s, C=$C idle slots: p50 $p50 / p95 $p95 / p99 $p99 / max $max ms"
+  dropdb
+}
+
+# depth_side NAME BACKLOG: drains N batch-scoped tasks with BACKLOG future rows; sets RATE.
+depth_side() {
+  newdb "$1"
+  if (($2 > 0)); then
+    q "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, run_after)
+       SELECT 'bench', 'b' || g, jsonb_build_object('b', g), now() + interval '10 years'
+         FROM generate_series(1, $2) g" >/dev/null
+  fi
+  tasks "$N" 0 depth >"$WORK/t.jsonl"
+  enqueue "$WORK/t.jsonl" "$N"
+  settle_db
+  timed_drain "$1" "$LUA/noop.lua" --concurrency "$C" --until-empty --batch depth
+  local d
+  d=$(done_count)
+  [[ $d == "$N" ]] || die "depth: $d of $N tasks done"
+  RATE=$(calc %.1f "$N / $WALL")
+  SIDE_WALL="$WALL s ($PARTS)"
+  dropdb
+}
+w_depth() {
+  local without with w0
+  depth_side depth0 0
+  without=$RATE w0=$SIDE_WALL
+  depth_side depth1 "$DEPTH_BACKLOG"
+  with=$RATE
+  fig depth "$(calc %.2f "$with / $without")x" \
+    "$N tasks of one batch, C=$C: $(calc %.0f "$without") tasks/s in $w0 without, $(calc %.0f "$with") tasks/s in $SIDE_WALL with $DEPTH_BACKLOG rows 10 years ahead"
+}
+
+w_one_row() {
+  [[ -f $FLOOR_SQL/seed.sql && -f $FLOOR_SQL/floor_2tx.sql ]] \
+    || die "no seed.sql and floor_2tx.sql in $FLOOR_SQL (set LEASH_BENCH_SQL)"
+  newdb one-row
+  tasks "$N" 0 >"$WORK/t.jsonl"
+  enqueue "$WORK/t.jsonl" "$N"
+  settle_db
+  local i t0 t1 wall rate d pids=()
+  t0=$(now_us)
+  for ((i = 1; i <= ONEROW_PROCS; i++)); do
+    start "onerow$i" "$LUA/noop.lua" --concurrency 1 --claim-batch 1 --until-empty
+    pids+=("$PID")
+  done
+  for ((i = 1; i <= ONEROW_PROCS; i++)); do finish "onerow$i" "${pids[i - 1]}"; done
+  t1=$(now_us)
+  wall=$(calc %.3f "($t1 - $t0) / 1e6")
+  split_wall "$t0" "$t1"
+  d=$(done_count)
+  [[ $d == "$N" ]] || die "one-row: $d of $N tasks done"
+  rate=$(calc %.1f "$N / $wall")
+  dropdb
+
+  # The floor: PostgreSQL moving rows pending -> leased -> done, two transactions per row.
+  DB=${DB_PREFIX}_floor
+  echo "$DB" >>"$WORK/dbs"
+  DATABASE_URL=$(scripts/pg.sh newdb "$DB")
+  psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -f "$FLOOR_SQL/seed.sql" >/dev/null
+  q "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, run_after)
+     SELECT 'bench', 'f' || g, jsonb_build_object('i', g), now() - interval '1 hour'
+       FROM generate_series(1, $FLOOR_ROWS) g" >/dev/null
+  settle_db
+  local jobs out tps left
+  jobs=$(nproc 2>/dev/null || echo 2)
+  ((jobs <= FLOOR_CLIENTS)) || jobs=$FLOOR_CLIENTS
+  out=$(pgbench -n -c "$FLOOR_CLIENTS" -j "$jobs" -T "$FLOOR_SECONDS" -M prepared \
+          -f "$FLOOR_SQL/floor_2tx.sql" "$DATABASE_URL" 2>"$WORK/pgbench.err") \
+    || die "pgbench: $(tail -n 3 "$WORK/pgbench.err")"
+  tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' <<<"$out")
+  [[ -n $tps ]] || die "no tps in pgbench's output: $out"
+  left=$(q "SELECT count(*) FROM agent_work_queue WHERE status = 'pending'")
+  ((left > 0)) || die "the floor's table ran dry ($FLOOR_ROWS rows)"
+  fig one-row "$(calc %.2f "$rate / $tps")x floor" \
+    "leash $(calc %.0f "$rate") tasks/s ($N tasks, $ONEROW_PROCS processes x --concurrency 1 --claim-batch 1: ${wall} s = $PARTS); floor $(calc %.0f "$tps") rows/s (pgbench floor_2tx.sql, $FLOOR_CLIENTS clients, ${FLOOR_SECONDS} s, -M prepared)"
+  dropdb
+}
+
+w_wide() {
+  newdb wide
+  tasks "$WIDE_TASKS" 0 "" "{\"s\":$WIDE_SLEEP}" >"$WORK/t.jsonl"
+  enqueue "$WORK/t.jsonl" "$WIDE_TASKS"
+  settle_db
+  local t0 t1 pid wall
+  t0=$(now_us)
+  start wide "$LUA/sleep.lua" --concurrency "$WIDE_C" --until-empty
+  pid=$PID
+  # Sampler: every 100 ms, the number of backends in the worker's database (one psql
+  # session in another database) and the worker's VmRSS.
+  (
+    while kill -0 "$pid" 2>/dev/null; do
+      echo "SELECT count(*) FROM pg_stat_activity WHERE datname = '$DB';"
+      vmrss "$pid" >>"$WORK/wide.rss" || true
+      sleep 0.1
+    done
+  ) | psql -X -A -t -q -d postgres >"$WORK/wide.conns" &
+  local sampler=$!
+  finish wide "$pid"
+  t1=$(now_us)
+  wait "$sampler" || true
+  wall=$(calc %.2f "($t1 - $t0) / 1e6")
+  split_wall "$t0" "$t1"
+  local d maxc peak samples
+  d=$(done_count)
+  [[ $d == "$WIDE_TASKS" ]] || die "wide: $d of $WIDE_TASKS tasks done"
+  maxc=$(sort -n "$WORK/wide.conns" | tail -n 1)
+  samples=$(wc -l <"$WORK/wide.conns")
+  peak=$(sort -n "$WORK/wide.rss" | tail -n 1)
+
+  # RSS per idle slot: idle workers (nothing runnable) at 10 and at WIDE_C slots.
+  local n rss_small rss_big
+  for n in 10 "$WIDE_C"; do
+    start "idle$n" "$LUA/sleep.lua" --concurrency "$n" --drain-timeout 1
+    wait_until "$n slots to run" 120 running "idle$n" "$n"
+    if ((n == 10)); then rss_small=$(rss_idle "$PID"); else rss_big=$(rss_idle "$PID"); fi
+    stop "idle$n" "$PID"
+  done
+  fig wide "${wall} s, $maxc connections, $(calc %.0f "($rss_big - $rss_small) / ($WIDE_C - 10)") KB/idle slot" \
+    "$WIDE_TASKS tasks x leash.sleep($WIDE_SLEEP), one process, --concurrency $WIDE_C: ${wall} s = $PARTS; most connections seen $maxc ($samples samples); VmRSS peak ${peak} kB; idle VmRSS ${rss_small} kB at 10 slots, ${rss_big} kB at $WIDE_C"
+  dropdb
+}
+
+w_idle() {
+  newdb idle
+  settle_db
+  start idle "$LUA/noop.lua" --concurrency "$IDLE_SLOTS"
+  local pid=$PID x0 x1 t0 t1 secs
+  wait_until "the idle worker to run" 60 running idle "$IDLE_SLOTS"
+  nap "$IDLE_WARM"   # past the start-up statements, their counters flushed
+  x0=$(xacts) t0=$(now_us)
+  nap "$IDLE_SECONDS"
+  x1=$(xacts) t1=$(now_us)
+  stop idle "$pid"
+  x0=${x0%%|*} x1=${x1%%|*}
+  secs=$(calc %.1f "($t1 - $t0) / 1e6")
+  fig idle "$(calc %.2f "($x1 - $x0) / $secs") statements/s" \
+    "$((x1 - x0)) transactions in ${secs} s from one idle worker (--concurrency $IDLE_SLOTS, from ${IDLE_WARM} s after start), pg_stat_database"
+  dropdb
+}
+
+w_heartbeat() {
+  newdb heartbeat
+  # An exact cross-check that no statistics delay blurs: a statement-level trigger logs, by
+  # the server's clock, every UPDATE statement on the queue and how many rows it touched.
+  q "CREATE TABLE bench_updates (at timestamptz NOT NULL DEFAULT clock_timestamp(), n int NOT NULL);
+     CREATE FUNCTION bench_updates_f() RETURNS trigger LANGUAGE plpgsql AS \$\$
+     BEGIN INSERT INTO bench_updates (n) SELECT count(*) FROM new_rows; RETURN NULL; END \$\$;
+     CREATE TRIGGER bench_updates AFTER UPDATE ON agent_work_queue REFERENCING NEW TABLE AS new_rows
+       FOR EACH STATEMENT EXECUTE FUNCTION bench_updates_f()" >/dev/null
+  tasks "$HB_SLOTS" 0 "" "{\"s\":$HB_SLEEP}" >"$WORK/t.jsonl"
+  enqueue "$WORK/t.jsonl" "$HB_SLOTS"
+  settle_db
+  start hb "$LUA/sleep.lua" --concurrency "$HB_SLOTS" --heartbeat "$HB_INTERVAL" --drain-timeout 1
+  local pid=$PID x0 x1 s0 s1 t0 t1 secs r ups rows
+  wait_until "$HB_SLOTS leases" 30 q_true "SELECT count(*) = $HB_SLOTS FROM agent_work_queue WHERE status = 'leased'"
+  nap "$HB_WARM"   # the claims' counters flushed
+  x0=$(xacts) t0=$(now_us)
+  nap "$HB_WINDOW"
+  x1=$(xacts) t1=$(now_us)
+  s0=${x0#*|} s1=${x1#*|} x0=${x0%%|*} x1=${x1%%|*}
+  r=$(q "SELECT count(*), coalesce(string_agg(DISTINCT n::text, ','), '-') FROM bench_updates
+          WHERE at > '$s0' AND at <= '$s1'")
+  IFS='|' read -r ups rows <<<"$r"
+  stop hb "$pid"
+  secs=$(calc %.2f "($t1 - $t0) / 1e6")
+  fig heartbeat "$(calc %.2f "($x1 - $x0) / ($secs / $HB_INTERVAL)") statements/interval" \
+    "$((x1 - x0)) transactions (pg_stat_database) in ${secs} s, one process holding $HB_SLOTS leases, --heartbeat ${HB_INTERVAL}s, from ${HB_WARM} s after the claims; UPDATE statements on the queue in the window (trigger): $ups, rows each: $rows"
+  dropdb
+}
+
+# ------------------------------------------------------------------ main
+server=$(qp "SHOW server_version" | cut -d' ' -f1)
+fsync=$(qp "SHOW fsync") sync=$(qp "SHOW synchronous_commit")
+say "leash $("$LEASH" --version | awk '{ print $NF }'), PostgreSQL $server (fsync=$fsync), N=$N C=$C$( ((SMOKE)) && echo ", smoke")"
+
+failed=0
+for w in "${WL[@]}"; do
+  WL_LOAD=$(load1)
+  say "$w ... (load $WL_LOAD)"
+  # Each workload in its own subshell (set -e holds there: it is not a condition), so that
+  # one failing is reported and the others still run.
+  (
+    trap stop_live EXIT
+    trap 'exit 143' TERM
+    "w_${w//-/_}"
+  ) &
+  WL_PID=$!
+  rc=0
+  wait "$WL_PID" || rc=$?
+  WL_PID=""
+  if ((rc != 0)); then
+    failed=1
+    printf '%s\t%s\t%s\t%s\n' "$w" "failed (status $rc)" "see the messages above" "$WL_LOAD" >>"$WORK/rows"
+  fi
+done
+
+echo
+echo "leash bench: leash $("$LEASH" --version | awk '{ print $NF }') ($LEASH), PostgreSQL $server, fsync=$fsync, synchronous_commit=$sync, $(nproc) CPUs, N=$N, C=$C$( ((SMOKE)) && echo ", --smoke")"
+echo
+echo "| workload | figure | details | load |"
+echo "|---|---|---|---|"
+while IFS=$'\t' read -r w f d l; do
+  echo "| $w | $f | $d | $l |"
+done <"$WORK/rows"
+exit "$failed"
