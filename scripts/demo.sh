@@ -83,7 +83,7 @@ SQL
 printf '\n==> two workers, %d slots each, until the batch has settled\n' "$SLOTS"
 for w in 1 2; do
   $LEASH run scripts/grade_ticket.lua --concurrency "$SLOTS" --batch "$BATCH" --until-empty \
-    --worker-id "grader-$w" --log-level warn 2>"$work/worker-$w.log" &
+    --worker-id "grader-$w" --log-level warn >"$work/worker-$w.out" 2>"$work/worker-$w.log" &
   pids+=($!)
 done
 $LEASH status --watch --interval 1 --batch "$BATCH" --until-empty
@@ -91,6 +91,13 @@ for p in "${pids[@]:1}"; do wait "$p"; done
 
 printf '\n==> leash report --batch %s\n' "$BATCH"
 $LEASH report --batch "$BATCH"
+printf '\n==> the same totals, counted directly\n'
+psql -X -A -t -q -d "$DATABASE_URL" -v batch="$BATCH" -f - <<'SQL'
+SELECT format('sql        done %s, dead %s, pending %s, leased %s',
+              count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'dead'),
+              count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'leased'))
+  FROM agent_work_queue WHERE batch = :'batch';
+SQL
 printf '\n==> grades\n'
 psql -X -q -d "$DATABASE_URL" -c \
   "SELECT grade, count(*) AS tickets, (array_agg(reason))[1] AS example_reason

@@ -4,7 +4,11 @@
 #include "commands.h"
 #include "log.h"
 
+#include <curl/curl.h>
 #include <errno.h>
+#include <jansson.h>
+#include <lua.h>
+#include <microhttpd.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +16,7 @@
 #include <string.h>
 
 static void print_error(const struct cli *g, const char *fmt, va_list ap);
+static void print_version(void);
 
 int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
 {
@@ -50,7 +55,7 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
     *done = 1;
     return EXIT_OK;
   case OPT_VERSION:
-    printf("leash %s\n", LEASH_VERSION);
+    print_version();
     *done = 1;
     return EXIT_OK;
   default:
@@ -132,6 +137,9 @@ int cli_parse_duration(const char *s, double *out)
   for (const char *p = s; p < end; p++)
     if (!((*p >= '0' && *p <= '9') || *p == '.'))
       return -1;
+  /* 309 digits and a "d" are a finite number of days but too many seconds for a double */
+  if (!isfinite(v * scale))
+    return -1;
   *out = v * scale;
   return 0;
 }
@@ -154,3 +162,14 @@ const char cli_global_help[] =
   "  --log-level LEVEL     debug, info, warn or error (default info)\n"
   "  -h, --help            this help\n"
   "  --version             print the version\n";
+
+/* The version, and the versions of the libraries actually linked (not the headers built
+   against), so a bug report says what ran. */
+static void print_version(void)
+{
+  int pq = PQlibVersion();
+  const curl_version_info_data *curl = curl_version_info(CURLVERSION_NOW);
+  printf("leash %s\n", LEASH_VERSION);
+  printf("libpq %d.%d, %s, jansson %s, libcurl %s, libmicrohttpd %s\n", pq / 10000, pq % 100,
+         LUA_RELEASE, jansson_version_str(), curl->version, MHD_get_version());
+}
