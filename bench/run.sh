@@ -34,7 +34,7 @@
 #   LEASH_BIN            the binary (default build/leash; this script builds nothing)
 #   LEASH_BENCH_USE_PG=1 use the running cluster of PGHOST/PGPORT/PGUSER; otherwise a throwaway
 #                        one is started with fsync on (scripts/pg.sh) and stopped at exit
-#   LEASH_BENCH_SQL      folder of the floor's seed.sql and floor_2tx.sql
+#   LEASH_BENCH_SQL      folder of the floor's seed.sql and floor_2tx.sql (default bench/sql, copies of shared/bench/sql)
 #                        (default: ../shared/bench/sql next to the repository)
 #
 # The figures of one run share the machine with whatever else runs on it: the table shows
@@ -98,7 +98,8 @@ LEASH=${LEASH_BIN:-build/leash}
 [[ $LEASH == /* ]] || LEASH=$ROOT/$LEASH
 [[ -x $LEASH ]] || die "$LEASH is not built (cmake -S . -B build && cmake --build build)"
 LUA=$ROOT/bench/lua
-FLOOR_SQL=${LEASH_BENCH_SQL:-$(cd "$ROOT/.." && pwd)/shared/bench/sql}
+# The floor's scripts are copies of shared/bench/sql (bench/sql/), so a checkout alone runs.
+FLOOR_SQL=${LEASH_BENCH_SQL:-$ROOT/bench/sql}
 for tool in psql pgbench awk; do command -v "$tool" >/dev/null || die "$tool not found"; done
 
 # ------------------------------------------------------------------ clean-up
