@@ -1,8 +1,10 @@
 # Sourced by scripts/test.sh and scripts/demo.sh: installs the Debian packages the build,
 # the tests and the demo need, when any is missing (apt-get update once, then install).
+# clang and libclang-rt-14-dev (libFuzzer's runtime, only recommended by clang) build
+# the fuzz targets of tests/fuzz.
 LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted
                 libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev postgresql-15 postgresql-client-15 valgrind
-                util-linux iproute2 python3)
+                util-linux iproute2 python3 clang libclang-rt-14-dev)
 
 deps_install() {
   local missing=() p

@@ -7,8 +7,9 @@
 #           ctest tsan (build-tsan/)   tests labelled "concurrent" under ThreadSanitizer
 #           busted (tests/lua)         Lua specs, if any
 #           valgrind (build/)          tests labelled "valgrind", if any
+#           fuzz (build-fuzz/)         libFuzzer targets, a short run each (clang only)
 #
-# Environment: LEASH_TEST_QUICK=1 skips the sanitizer trees (for developers);
+# Environment: LEASH_TEST_QUICK=1 skips the sanitizer and fuzz trees (for developers);
 # LEASH_TEST_JOBS (default 2) sets build and ctest parallelism.
 # A failing stage does not stop the others; the exit status is non-zero if any failed.
 set -euo pipefail
@@ -121,6 +122,30 @@ stage_valgrind() {
   ctest --test-dir build -L valgrind --output-on-failure -j"$JOBS" --no-tests=ignore
 }
 
+# Fuzz: tests/fuzz's targets built with clang (-fsanitize=fuzzer,address,undefined); ctest's
+# fuzz.<target> replays the crash regressions, then fuzzes a scratch copy of the corpus for
+# LEASH_FUZZ_SECONDS (20) each. Only the fuzz targets are built in this tree.
+stage_fuzz() {
+  if ! { cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DLEASH_FUZZ=ON &&
+         cmake --build build-fuzz -j"$JOBS" --target fuzz; }; then
+    STAGE_NOTE="build failed"
+    return 1
+  fi
+  "${NORAND[@]}" ctest --test-dir build-fuzz -L fuzz --output-on-failure -j"$JOBS" --no-tests=error
+}
+
+# libFuzzer's runtime comes with libclang-rt-*-dev; without it, -fsanitize=fuzzer cannot link.
+have_libfuzzer() {
+  command -v clang >/dev/null 2>&1 || return 1
+  local dir rc=0
+  dir=$(mktemp -d)
+  printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n);\n%s\n' \
+    'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }' |
+    clang -x c -fsanitize=fuzzer -o "$dir/probe" - >/dev/null 2>&1 || rc=1
+  rm -rf "$dir"
+  return "$rc"
+}
+
 # ------------------------------------------------------------------ stages
 run_stage "ctest" stage_ctest
 
@@ -144,6 +169,14 @@ if ((${n_valgrind:-0} > 0)); then
   run_stage "valgrind" stage_valgrind
 else
   record "valgrind" SKIP "no test labelled valgrind"
+fi
+
+if ((QUICK)); then
+  record "fuzz" SKIP "LEASH_TEST_QUICK=1"
+elif have_libfuzzer; then
+  run_stage "fuzz" stage_fuzz
+else
+  record "fuzz" SKIP "clang with libFuzzer not available (packages clang, libclang-rt-14-dev)"
 fi
 
 cleanup

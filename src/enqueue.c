@@ -24,6 +24,13 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
     i++;
   if (i == len)
     return ENQUEUE_LINE_BLANK;
+  /* jansson (2.14) skips a NUL byte that follows a number or a literal, so "1\0," parses;
+     the row is the line's own text, and PostgreSQL refuses NUL in text: refuse it here. */
+  const char *nul = memchr(line, '\0', len);
+  if (nul) {
+    snprintf(err, errlen, "NUL byte at column %zu", (size_t)(nul - line) + 1);
+    return ENQUEUE_LINE_BAD;
+  }
 
   json_error_t je;
   /* Integers beyond 64 bits are valid JSON (and jsonb keeps them exactly: the row is built

@@ -222,7 +222,8 @@ static int json_too_deep(const json_t *j, int level)
  *   nil and the null sentinel -> null; booleans -> true/false;
  *   integers -> JSON integers; floats -> JSON reals (NaN and infinities are refused:
  *   JSON has no spelling for them);
- *   strings -> strings, which must be valid UTF-8 (they may hold NUL);
+ *   strings -> strings, which must be valid UTF-8 (they may hold NUL, object keys not:
+ *   jansson refuses "\u0000" in a key, so the text could not be decoded again);
  *   a table with the leash.array metatable -> array; its keys must be exactly 1..n;
  *   a table whose keys are exactly 1..n (n > 0) -> array;
  *   a table whose keys are all strings -> object;
@@ -434,12 +435,22 @@ static json_t *convert_object(struct encoder *e, int idx, int depth)
   while (lua_next(L, idx) != 0) {
     size_t keylen, bad;
     const char *key = lua_tolstring(L, -2, &keylen);  /* a string already: no conversion */
+    const char *nul;
     json_t *child;
     e->path[depth].key = key;
     e->path[depth].keylen = keylen;
     if (!utf8_valid(key, keylen, &bad)) {
       /* while the key is still on the stack: the path borrows it */
       set_error(e, depth + 1, "invalid UTF-8 in table key (byte %zu)", bad + 1);
+      lua_pop(L, 2);
+      json_decref(obj);
+      return NULL;
+    }
+    /* "\u0000" in a key would be written, but jansson (so jsonlua_decode) and jsonb
+       refuse it: the text could not be read back */
+    nul = memchr(key, '\0', keylen);
+    if (nul != NULL) {
+      set_error(e, depth + 1, "NUL in table key (byte %zu)", (size_t)(nul - key) + 1);
       lua_pop(L, 2);
       json_decref(obj);
       return NULL;

@@ -238,6 +238,20 @@ static void strings_may_hold_nul(void)
   close_state(L);
 }
 
+/* Keys may not: "\u0000" in a key is refused by jansson and by jsonb, so the encoder
+   would write text that nothing reads back (found by fuzz_json_encode). */
+static void keys_may_not_hold_nul(void)
+{
+  lua_State *L = new_state();
+  char err[256];
+
+  check_refused(L, "{ ['a\\0b'] = true }", "NUL in table key (byte 2) at $[\"a?b\"]");
+  check_refused(L, "{ x = { ['\\0'] = 1 } }", "NUL in table key (byte 1) at $.x[\"?\"]");
+  CHECK_INT_EQ(jsonlua_decode(L, "{\"a\\u0000b\":true}", 17, err, sizeof err), -1);
+  CHECK_INT_EQ(lua_gettop(L), 0);
+  close_state(L);
+}
+
 static void duplicate_keys_keep_the_last_value(void)
 {
   lua_State *L = new_state();
@@ -559,6 +573,7 @@ static const struct check_case cases[] = {
   { "empty_array_and_empty_object_round_trip", empty_array_and_empty_object_round_trip },
   { "nested_round_trip_is_identical", nested_round_trip_is_identical },
   { "strings_may_hold_nul", strings_may_hold_nul },
+  { "keys_may_not_hold_nul", keys_may_not_hold_nul },
   { "duplicate_keys_keep_the_last_value", duplicate_keys_keep_the_last_value },
   { "deep_nesting_is_refused_not_crashed", deep_nesting_is_refused_not_crashed },
   { "huge_integer_becomes_float", huge_integer_becomes_float },

@@ -1,0 +1,72 @@
+/*
+ * test_enqueue: checking JSONL task lines and writing COPY rows (enqueue.c), without a
+ * database. Cases found by tests/fuzz/fuzz_enqueue_line live here as behaviour; their raw
+ * inputs are also in tests/fuzz/regressions/enqueue_line/.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "enqueue.h"
+
+static enum enqueue_verdict check_line(const char *line, size_t len, char *err, size_t errlen);
+
+static enum enqueue_verdict check_line(const char *line, size_t len, char *err, size_t errlen)
+{
+  char *run_after = NULL;
+  enum enqueue_verdict v = enqueue_check_line(line, len, &run_after, err, errlen);
+  free(run_after);
+  return v;
+}
+
+/* jansson 2.14 skips a NUL byte right after a number or a literal, so these parsed; the
+   row is the line's own text, which PostgreSQL's COPY refuses, failing the whole batch
+   with a server error instead of naming the line (found by fuzz_enqueue_line). */
+static void nul_byte_after_a_token_is_refused(void)
+{
+  static const char after_number[] = "{\"payload\":1\0,\"batch\":null}";
+  static const char after_literal[] = "{\"payload\":true\0}";
+  static const char in_string[] = "{\"payload\":\"a\0b\"}";
+  char err[256] = "";
+
+  CHECK_INT_EQ(check_line(after_number, sizeof after_number - 1, err, sizeof err),
+               ENQUEUE_LINE_BAD);
+  CHECK_STR_EQ(err, "NUL byte at column 13");
+  CHECK_INT_EQ(check_line(after_literal, sizeof after_literal - 1, err, sizeof err),
+               ENQUEUE_LINE_BAD);
+  CHECK_STR_EQ(err, "NUL byte at column 16");
+  CHECK_INT_EQ(check_line(in_string, sizeof in_string - 1, err, sizeof err),
+               ENQUEUE_LINE_BAD);
+  /* the escaped form is refused by the JSON parser, as PostgreSQL's jsonb refuses it */
+  CHECK_INT_EQ(check_line("{\"payload\":\"a\\u0000b\"}", 22, err, sizeof err),
+               ENQUEUE_LINE_BAD);
+  CHECK_INT_EQ(check_line("{\"payload\":1}", 13, err, sizeof err), ENQUEUE_LINE_OK);
+}
+
+/* Backslash, tab, newline and carriage return are what COPY's text format reads
+   specially; everything else passes as it is, and a missing run_after is \N. */
+static void copy_row_escapes_copy_specials(void)
+{
+  static const char doc[] = "{\"payload\":\"a\tb\\\\n\"}\r\n";
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+
+  CHECK_INT_EQ(enqueue_copy_row(&buf, &len, &cap, 7, doc, sizeof doc - 1, NULL), 0);
+  CHECK_INT_EQ(enqueue_copy_row(&buf, &len, &cap, 8, "{}", 2, "x\\N\t"), 0);
+  CHECK(len < cap);
+  buf[len] = '\0';
+  CHECK_STR_EQ(buf, "7\t{\"payload\":\"a\\tb\\\\\\\\n\"}\\r\\n\t\\N\n"
+                    "8\t{}\tx\\\\N\\t\n");
+  free(buf);
+}
+
+static const struct check_case cases[] = {
+  { "nul_byte_after_a_token_is_refused", nul_byte_after_a_token_is_refused },
+  { "copy_row_escapes_copy_specials", copy_row_escapes_copy_specials },
+  { NULL, NULL }
+};
+
+int main(int argc, char **argv)
+{
+  return check_main(cases, argc, argv);
+}
