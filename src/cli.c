@@ -140,6 +140,10 @@ int cli_parse_duration(const char *s, double *out)
   /* 309 digits and a "d" are a finite number of days but too many seconds for a double */
   if (!isfinite(v * scale))
     return -1;
+  /* Nothing leash waits for is longer than a century; the cap also keeps every duration
+     printable in the fixed buffers that carry it to SQL. */
+  if (v * scale > CLI_DURATION_MAX)
+    return -1;
   *out = v * scale;
   return 0;
 }

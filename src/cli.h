@@ -63,7 +63,9 @@ void cli_close(PGconn *conn, struct db_table *t);
 
 /* Strict number parsing for option values; 0 or -1. */
 int cli_parse_int(const char *s, long min, long max, long *out);
-/* A duration in seconds: "30", "1.5", "500ms", "30s", "5m", "2h", "7d". */
+#define CLI_DURATION_MAX 3153600000.0   /* 100 years, in seconds */
+
+/* A duration in seconds: "30", "1.5", "500ms", "30s", "5m", "2h", "7d", at most 100 years. */
 int cli_parse_duration(const char *s, double *out);
 
 #endif
