@@ -1,0 +1,337 @@
+-- The chaos soak's invariant checks (tests/chaos/soak.sh runs this once every worker is gone).
+-- psql variables: tasks (planned), sql_every (every n with n % sql_every = 0 went in by plain
+-- SQL INSERT, the others by `leash enqueue --file`), visibility (the lease, seconds).
+-- Prints one line per figure; a figure with a bound ends in "ok" or "FAIL". The last line is
+-- "invariants failed: N".
+--
+-- Sources: the queue table; execs and step_runs (written by task.lua); lease_log and
+-- step_store_log (audit triggers of setup.sql: every claim/settle/reap/release of a lease and
+-- every stored step, on the server's clock); produced, events and incarnations (soak.sh's
+-- own records of what it enqueued, what the chaos driver did, and every worker process);
+-- wlog_raw (every worker's JSON log lines).
+\set ON_ERROR_STOP 1
+\if :{?visibility}
+\else
+\set visibility 3
+\endif
+\pset footer off
+SET client_min_messages = warning;
+\o /dev/null
+
+CREATE TEMP TABLE fig (ord serial, name text, value text, ok boolean);
+CREATE FUNCTION pg_temp.fig(p_name text, p_value anyelement, p_ok boolean DEFAULT NULL)
+RETURNS void LANGUAGE sql AS $$ INSERT INTO fig (name, value, ok) VALUES (p_name, p_value::text, p_ok) $$;
+CREATE FUNCTION pg_temp.head(p_name text) RETURNS void LANGUAGE sql
+  AS $$ INSERT INTO fig (name, value, ok) VALUES ('', NULL, NULL), ('== ' || p_name, NULL, NULL) $$;
+CREATE FUNCTION pg_temp.try_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  RETURN t::jsonb;
+EXCEPTION WHEN others THEN
+  RETURN NULL;
+END $$;
+
+-- ------------------------------------------------------------------ inputs
+CREATE TEMP TABLE wlog AS
+SELECT worker, j->>'level' AS level, j->>'msg' AS msg, (j->>'task_id')::bigint AS task_id,
+       (j->>'attempt')::int AS attempt, (j->>'ts')::timestamptz AS ts, line
+  FROM (SELECT worker, line, pg_temp.try_jsonb(line) AS j FROM wlog_raw) s;
+CREATE INDEX ON wlog (worker, task_id, attempt);
+
+CREATE TEMP TABLE expected AS
+SELECT DISTINCT n, p.via FROM produced p, generate_series(p.lo, p.hi) n
+ WHERE (p.via = 'sql') = (n % :sql_every = 0);
+
+CREATE TEMP TABLE q AS
+SELECT id, (payload->>'n')::int AS n, payload->>'via' AS via, status, attempts, max_attempts,
+       lease_owner, result, last_error, tenant_id, shard_key, (payload->>'fatal')::boolean AS fatal
+  FROM agent_work_queue;
+
+-- Every lease: its claim and how it ended (settle, reap or release), from lease_log.
+CREATE TEMP TABLE leases AS
+SELECT c.task_id, c.attempt, c.owner, c.at AS claimed_at, e.kind AS end_kind,
+       e.new_status AS end_status, e.at AS ended_at, q.tenant_id, q.shard_key
+  FROM lease_log c
+  JOIN q ON q.id = c.task_id
+  LEFT JOIN LATERAL (SELECT kind, new_status, at FROM lease_log l
+                      WHERE l.task_id = c.task_id AND l.attempt = c.attempt
+                        AND l.owner = c.owner AND l.seq > c.seq
+                        AND l.kind IN ('settle', 'reap', 'release')
+                      ORDER BY l.seq LIMIT 1) e ON true
+ WHERE c.kind = 'claim';
+CREATE INDEX ON leases (task_id, attempt, owner);
+
+-- Stop intervals of worker incarnations (SIGSTOP until SIGCONT, or until killed).
+CREATE TEMP TABLE stops AS
+SELECT s.target AS worker, s.at AS stopped_at,
+       coalesce((SELECT min(r.at) FROM events r
+                  WHERE r.target = s.target AND r.kind IN ('resume', 'kill9') AND r.at >= s.at),
+                'infinity') AS resumed_at
+  FROM events s WHERE s.kind = 'stop';
+
+-- Every execution with its lease, and why it was not the one that finished the task.
+CREATE TEMP TABLE ex AS
+SELECT e.*, l.claimed_at, l.end_kind, l.end_status, l.ended_at, NULL::text AS cause,
+       (SELECT max(w.ts) FROM wlog w WHERE w.worker = e.worker AND w.task_id = e.task_id
+                                        AND w.attempt = e.attempt) AS last_log_ts
+  FROM execs e
+  LEFT JOIN leases l ON l.task_id = e.task_id AND l.attempt = e.attempt AND l.owner = e.worker;
+
+UPDATE ex SET cause = CASE
+  WHEN claimed_at IS NULL THEN 'UNEXPLAINED: no claim of this attempt by this worker'
+  WHEN end_kind IS NULL THEN 'UNEXPLAINED: its lease never ended'
+  WHEN end_kind = 'settle' AND end_status IN ('done', 'dead') THEN 'final outcome: ' || end_status
+  WHEN end_kind = 'settle' THEN 'retry applied (returned leash.retry)'
+  WHEN end_kind = 'release' THEN 'lease released at drain (SIGTERM)'
+  WHEN EXISTS (SELECT 1 FROM events v WHERE v.kind = 'kill9' AND v.target = ex.worker
+                AND v.at BETWEEN ex.claimed_at AND ex.ended_at)
+    THEN 'reaped: its process was killed -9'
+  WHEN EXISTS (SELECT 1 FROM stops s WHERE s.worker = ex.worker
+                AND s.stopped_at <= ex.ended_at AND s.resumed_at >= ex.claimed_at)
+    THEN 'reaped: its process was SIGSTOPped'
+  WHEN EXISTS (SELECT 1 FROM events v WHERE v.kind = 'pg_freeze'
+                AND v.at BETWEEN ex.claimed_at - make_interval(secs => :visibility) AND ex.ended_at)
+    THEN 'reaped: the database was frozen past the lease'
+  WHEN EXISTS (SELECT 1 FROM wlog w WHERE w.worker = ex.worker AND w.task_id = ex.task_id
+                AND w.attempt = ex.attempt AND w.msg LIKE 'lease lost%')
+    THEN 'reaped: its worker logged "lease lost"'
+  WHEN EXISTS (SELECT 1 FROM events v WHERE v.kind = 'sigterm' AND v.target = ex.worker
+                AND v.at BETWEEN ex.claimed_at AND ex.ended_at)
+    THEN 'reaped: its worker was draining (SIGTERM)'
+  ELSE 'UNEXPLAINED: reaped, but its worker was not killed, stopped or told of the loss'
+END;
+
+CREATE INDEX ON ex (tenant, shard, started);
+CREATE INDEX ON ex (task_id, attempt, worker);
+
+-- The per-task view.
+CREATE TEMP TABLE per_task AS
+SELECT q.id, q.status, count(ex.id) AS execs,
+       count(ex.id) FILTER (WHERE ex.cause LIKE 'UNEXPLAINED%') AS unexplained,
+       count(ex.id) FILTER (WHERE ex.cause LIKE 'final outcome%') AS finals
+  FROM q LEFT JOIN ex ON ex.task_id = q.id
+ GROUP BY q.id, q.status;
+
+-- ------------------------------------------------------------------ tasks
+SELECT pg_temp.head('tasks');
+SELECT pg_temp.fig('tasks planned', :tasks);
+SELECT pg_temp.fig('tasks enqueued (confirmed by the producer)', count(*)) FROM expected;
+SELECT pg_temp.fig('  of which by plain SQL INSERT', count(*)) FROM expected WHERE via = 'sql';
+SELECT pg_temp.fig('tasks planned but never enqueued (producer gave up)',
+                   :tasks - count(*), count(*) = :tasks) FROM expected;
+SELECT pg_temp.fig('rows in the queue table', count(*)) FROM q;
+SELECT pg_temp.fig('done', count(*) FILTER (WHERE status = 'done')) FROM q;
+SELECT pg_temp.fig('dead', count(*) FILTER (WHERE status = 'dead')) FROM q;
+SELECT pg_temp.fig('  dead on purpose (fatal payload)',
+                   count(*) FILTER (WHERE status = 'dead' AND fatal)) FROM q;
+SELECT pg_temp.fig('  dead with attempts exhausted',
+                   count(*) FILTER (WHERE status = 'dead' AND NOT coalesce(fatal, false))) FROM q;
+SELECT pg_temp.fig('pending or leased left (must be 0)',
+                   count(*) FILTER (WHERE status IN ('pending', 'leased')),
+                   count(*) FILTER (WHERE status IN ('pending', 'leased')) = 0) FROM q;
+SELECT pg_temp.fig('enqueued = done + dead', format('%s = %s + %s', e.n, d.done, d.dead),
+                   e.n = d.done + d.dead)
+  FROM (SELECT count(*) n FROM expected) e,
+       (SELECT count(*) FILTER (WHERE status = 'done') done,
+               count(*) FILTER (WHERE status = 'dead') dead FROM q) d;
+SELECT pg_temp.fig('lost tasks: enqueued but missing from the table (must be 0)', count(*),
+                   count(*) = 0)
+  FROM expected x WHERE NOT EXISTS (SELECT 1 FROM q WHERE q.n = x.n AND q.via = x.via);
+SELECT pg_temp.fig('lost tasks: enqueued, never done or dead (must be 0)', count(*), count(*) = 0)
+  FROM expected x JOIN q ON q.n = x.n AND q.via = x.via WHERE q.status NOT IN ('done', 'dead');
+SELECT pg_temp.fig('rows nobody enqueued, or enqueued twice (must be 0)', count(*), count(*) = 0)
+  FROM (SELECT n, via FROM q GROUP BY n, via
+         HAVING count(*) > 1 OR NOT EXISTS (SELECT 1 FROM expected x WHERE x.n = q.n AND x.via = q.via)) s;
+SELECT pg_temp.fig('attempts per task (attempts: tasks)',
+                   string_agg(a || ': ' || c, ', ' ORDER BY a))
+  FROM (SELECT attempts a, count(*) c FROM q GROUP BY 1) s;
+
+-- ------------------------------------------------------------------ executions
+SELECT pg_temp.head('executions (execs: one row per run of handle, written by the script)');
+SELECT pg_temp.fig('executions', count(*)) FROM ex;
+SELECT pg_temp.fig('executions per task (executions: tasks)',
+                   string_agg(e || ': ' || c, ', ' ORDER BY e))
+  FROM (SELECT execs e, count(*) c FROM per_task GROUP BY 1) s;
+SELECT pg_temp.fig('done tasks without an execution (must be 0)', count(*), count(*) = 0)
+  FROM per_task WHERE status = 'done' AND execs = 0;
+SELECT pg_temp.fig('tasks with more than one execution', count(*)) FROM per_task WHERE execs > 1;
+SELECT pg_temp.fig('  every extra execution explained', count(*))
+  FROM per_task WHERE execs > 1 AND unexplained = 0;
+SELECT pg_temp.fig('  some execution unexplained (must be 0)', count(*), count(*) = 0)
+  FROM per_task WHERE execs > 1 AND unexplained > 0;
+SELECT pg_temp.fig('executions unexplained, tasks with one execution included (must be 0)',
+                   count(*), count(*) = 0) FROM ex WHERE cause LIKE 'UNEXPLAINED%';
+INSERT INTO fig (name, value)
+SELECT '  execution ended by: ' || cause, count(*)::text FROM ex GROUP BY cause ORDER BY count(*) DESC;
+SELECT pg_temp.fig('tasks settled by more than one final outcome (must be 0)', count(*),
+                   count(*) = 0) FROM per_task WHERE finals > 1;
+SELECT pg_temp.fig('leases (claims) that never started an execution', count(*))
+  FROM leases l WHERE NOT EXISTS (SELECT 1 FROM execs e WHERE e.task_id = l.task_id
+                                     AND e.attempt = l.attempt AND e.worker = l.owner);
+SELECT pg_temp.fig('executions by script version', string_agg(version || ': ' || c, ', ' ORDER BY version))
+  FROM (SELECT version, count(*) c FROM ex GROUP BY 1) s;
+
+-- ------------------------------------------------------------------ shard exclusion
+SELECT pg_temp.head('shard exclusion');
+INSERT INTO fig (name, value) VALUES
+  ('definition: an execution''s outcome was *applied* when the fenced settle of its lease',
+   NULL),
+  ('  (task, attempt, worker) changed the row. Its interval is [execs.started, the settle',
+   NULL),
+  ('  on the server clock] (which contains [started, finished]). Within one shard no two',
+   NULL),
+  ('  applied executions may overlap. Executions whose lease was reaped or released are',
+   NULL),
+  ('  left out: a frozen or partitioned zombie may still run Lua while the next holder',
+   NULL),
+  ('  works, which leash allows; it only stops their side effects and discards outcomes.',
+   NULL);
+SELECT pg_temp.fig('shards', count(DISTINCT (tenant, shard))) FROM ex;
+CREATE TEMP TABLE applied AS
+SELECT task_id, attempt, worker, tenant, shard, started, finished, ended_at
+  FROM ex WHERE end_kind = 'settle';
+SELECT pg_temp.fig('applied executions', count(*)) FROM applied;
+SELECT pg_temp.fig('applied executions overlapping another of their shard (must be 0)',
+                   count(*), count(*) = 0)
+  FROM (SELECT started, max(ended_at) OVER (PARTITION BY tenant, shard ORDER BY started, task_id
+                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) prev_end
+          FROM applied) s WHERE started < prev_end;
+SELECT pg_temp.fig('  same, on the script''s own [started, finished] (must be 0)', count(*),
+                   count(*) = 0)
+  FROM (SELECT started, max(finished) OVER (PARTITION BY tenant, shard ORDER BY started, task_id
+                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) prev_end
+          FROM applied WHERE finished IS NOT NULL) s WHERE started < prev_end;
+SELECT pg_temp.fig('leases (claim to settle/reap/release) overlapping in a shard (must be 0)',
+                   count(*), count(*) = 0)
+  FROM (SELECT claimed_at, max(coalesce(ended_at, 'infinity'))
+                 OVER (PARTITION BY tenant_id, shard_key ORDER BY claimed_at, task_id
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) prev_end
+          FROM leases) s WHERE claimed_at < prev_end;
+SELECT pg_temp.fig('zombies: reaped executions still running when the next holder of their shard started (allowed)',
+                   count(*))
+  FROM ex z WHERE z.end_kind = 'reap'
+   AND EXISTS (SELECT 1 FROM ex b WHERE b.tenant = z.tenant AND b.shard = z.shard AND b.id <> z.id
+                AND b.started > z.ended_at
+                AND b.started < greatest(z.finished, z.last_log_ts,
+                                         (SELECT max(at) FROM step_runs r WHERE r.task_id = z.task_id
+                                             AND r.attempt = z.attempt AND r.worker = z.worker)));
+SELECT pg_temp.fig('side effects written after the lease ended (execs.finished, step_runs; expect 0)',
+                   count(*))
+  FROM ex z WHERE z.end_kind IN ('reap', 'release')
+   AND (z.finished > z.ended_at
+        OR EXISTS (SELECT 1 FROM step_runs r WHERE r.task_id = z.task_id AND r.attempt = z.attempt
+                      AND r.worker = z.worker AND r.at > z.ended_at));
+
+-- ------------------------------------------------------------------ late outcomes
+SELECT pg_temp.head('late outcomes');
+SELECT pg_temp.fig('done rows whose result is not from the row''s last lease (must be 0)',
+                   count(*), count(*) = 0)
+  FROM q WHERE status = 'done'
+   AND (result->>'attempt' IS DISTINCT FROM attempts::text OR result->>'worker' IS DISTINCT FROM lease_owner);
+SELECT pg_temp.fig('done rows whose result is not from the task''s last execution (must be 0)',
+                   count(*), count(*) = 0)
+  FROM q WHERE status = 'done'
+   AND NOT EXISTS (SELECT 1 FROM (SELECT attempt, worker, id FROM execs e WHERE e.task_id = q.id
+                                   ORDER BY started DESC, id DESC LIMIT 1) l
+                    WHERE l.attempt::text = q.result->>'attempt' AND l.worker = q.result->>'worker'
+                      AND l.id::text = q.result->>'exec');
+SELECT pg_temp.fig('dead rows whose reason is not from the row''s last lease (must be 0)',
+                   count(*), count(*) = 0)
+  FROM q WHERE status = 'dead'
+   AND strpos(coalesce(last_error, ''), format('[attempt=%s worker=%s]', attempts, lease_owner)) = 0
+   AND last_error IS DISTINCT FROM format('lease expired (worker %s)', lease_owner);
+SELECT pg_temp.fig('late outcomes rejected by the fence (worker logs)', count(*))
+  FROM wlog WHERE msg LIKE 'late outcome rejected%';
+SELECT pg_temp.fig('outcomes discarded after a lost lease (worker logs)', count(*))
+  FROM wlog WHERE msg LIKE 'outcome discarded%';
+SELECT pg_temp.fig('"lease lost" lines (worker logs)', count(*)) FROM wlog WHERE msg LIKE 'lease lost%';
+
+-- ------------------------------------------------------------------ steps
+SELECT pg_temp.head('steps (step_runs: one row per run of the step function)');
+CREATE TEMP TABLE sr AS
+SELECT r.*, e.started AS exec_started, e.cause AS exec_cause, st.at AS stored_at,
+       coalesce(st.attempt = r.attempt AND st.owner = r.worker, false) AS stored
+  FROM step_runs r
+  LEFT JOIN LATERAL (SELECT started, cause FROM ex WHERE ex.task_id = r.task_id
+                        AND ex.attempt = r.attempt AND ex.worker = r.worker
+                      ORDER BY ex.id LIMIT 1) e ON true
+  LEFT JOIN step_store_log st ON st.task_id = r.task_id AND st.name = r.name;
+SELECT pg_temp.fig('step runs', count(*)) FROM sr;
+SELECT pg_temp.fig('steps stored (fenced inserts that committed)', count(*)) FROM step_store_log;
+SELECT pg_temp.fig('steps stored twice for one task (must be 0)', count(*), count(*) = 0)
+  FROM (SELECT 1 FROM step_store_log GROUP BY task_id, name HAVING count(*) > 1) s;
+SELECT pg_temp.fig('step runs per task (runs: tasks)', string_agg(k || ': ' || c, ', ' ORDER BY k))
+  FROM (SELECT coalesce(r.c, 0) k, count(*) c FROM q
+          LEFT JOIN (SELECT task_id, count(*) c FROM step_runs GROUP BY 1) r ON r.task_id = q.id
+         GROUP BY 1) s;
+SELECT pg_temp.fig('steps re-run after success: run by an execution that started after the step was stored (must be 0)',
+                   count(*), count(*) = 0)
+  FROM sr WHERE stored_at IS NOT NULL AND NOT stored AND exec_started > stored_at;
+SELECT pg_temp.fig('  runs of the step function that began after it was stored (zombies included)',
+                   count(*)) FROM sr WHERE stored_at IS NOT NULL AND NOT stored AND at > stored_at;
+SELECT pg_temp.fig('re-runs (runs beyond the first per task)', count(*) - count(DISTINCT task_id)) FROM sr;
+INSERT INTO fig (name, value)
+SELECT '  run not stored: ' || why, count(*)::text FROM (
+  SELECT CASE
+           WHEN answer IN ('429', '500', '502', '503', 'timeout') OR answer LIKE 'status%'
+             THEN 'the LLM call failed (' || answer || '), mapped to leash.retry'
+           WHEN answer = '200' THEN 'answered, but the fenced store did not happen; execution: '
+                                    || coalesce(exec_cause, '?')
+           ELSE 'interrupted before the answer; execution: ' || coalesce(exec_cause, '?')
+         END AS why
+    FROM sr WHERE NOT stored) s
+ GROUP BY why ORDER BY count(*) DESC;
+SELECT pg_temp.fig('done tasks without a stored step (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE status = 'done'
+   AND NOT EXISTS (SELECT 1 FROM step_store_log s WHERE s.task_id = q.id AND s.name = 'llm');
+SELECT pg_temp.fig('done tasks whose step result is not the stored one (must be 0)', count(*),
+                   count(*) = 0)
+  FROM q JOIN step_store_log s ON s.task_id = q.id AND s.name = 'llm'
+ WHERE q.status = 'done'
+   AND (q.result->>'step_attempt' IS DISTINCT FROM s.attempt::text
+        OR q.result->>'step_worker' IS DISTINCT FROM s.owner);
+
+-- ------------------------------------------------------------------ chaos and workers
+SELECT pg_temp.head('chaos driver and workers');
+INSERT INTO fig (name, value)
+SELECT 'event: ' || kind, count(*)::text FROM events GROUP BY kind ORDER BY kind;
+SELECT pg_temp.fig('worker incarnations', count(*)) FROM incarnations;
+INSERT INTO fig (name, value)
+SELECT '  ended by: ' || coalesce(how, '?') || coalesce(' (exit ' || rc || ')', ''), count(*)::text
+  FROM incarnations GROUP BY how, rc ORDER BY how, rc;
+SELECT pg_temp.fig('workers that exited by themselves or not with 0 on SIGTERM (must be 0)',
+                   count(*), count(*) = 0)
+  FROM incarnations WHERE how = 'exited by itself' OR (how LIKE 'SIGTERM%' AND rc IS DISTINCT FROM 0);
+SELECT pg_temp.fig('sanitizer reports or non-JSON lines in worker logs (must be 0)', count(*),
+                   count(*) = 0) FROM wlog WHERE level IS NULL;
+SELECT pg_temp.fig('hot swaps loaded (log lines, all workers)', count(*))
+  FROM wlog WHERE msg LIKE 'hot swap (%): slots load version%';
+SELECT pg_temp.fig('hot swaps refused (log lines, all workers)', count(*))
+  FROM wlog WHERE msg LIKE 'hot swap (%) refused%';
+SELECT pg_temp.fig('broken versions written / executions on a broken version (must be 0)',
+                   format('%s / %s', (SELECT count(*) FROM events WHERE kind = 'swap_broken'), count(*)),
+                   count(*) = 0)
+  FROM ex WHERE version LIKE '%broken%'
+     OR version NOT IN (SELECT detail FROM events WHERE kind = 'swap' UNION SELECT 'v1');
+SELECT pg_temp.fig('broken versions refused by some worker before the fix',
+                   format('%s of %s', count(*) FILTER (WHERE refused), count(*)))
+  FROM (SELECT EXISTS (SELECT 1 FROM wlog w WHERE w.msg LIKE 'hot swap (%) refused%'
+                         AND w.ts BETWEEN b.at AND coalesce((SELECT min(g.at) FROM events g
+                                                              WHERE g.kind = 'swap' AND g.at > b.at),
+                                                             'infinity')) AS refused
+          FROM events b WHERE b.kind = 'swap_broken') s;
+SELECT pg_temp.fig('good versions written / that ran',
+                   format('%s / %s', (SELECT count(*) + 1 FROM events WHERE kind = 'swap'),
+                          count(DISTINCT version))) FROM ex;
+INSERT INTO fig (name, value)
+SELECT '  log ' || level || ': ' || m, c::text FROM (
+  SELECT level, regexp_replace(left(msg, 90), '[0-9]+', '#', 'g') m, count(*) c
+    FROM wlog WHERE level IN ('warn', 'error')
+   GROUP BY 1, 2 ORDER BY count(*) DESC LIMIT 15) s;
+
+-- ------------------------------------------------------------------ print
+\o
+SELECT CASE WHEN value IS NULL THEN name
+            ELSE rpad(name, 100, ' ') || ' ' || value
+                 || CASE WHEN ok IS NULL THEN '' WHEN ok THEN '   ok' ELSE '   FAIL' END END
+  FROM fig ORDER BY ord;
+SELECT 'invariants failed: ' || count(*) FILTER (WHERE NOT ok) FROM fig;
