@@ -7,7 +7,7 @@
 
 struct queue {
   char *depth_sql;
-  char *claim_sql, *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
+  char *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
   char *owner;
   char visibility[32];
   double visibility_s;
@@ -25,21 +25,17 @@ static char *format_sql2(const char *fmt, const char *a);
 static void text_add(struct text *b, const char *s, size_t n);
 static void text_add_quoted(struct text *b, const char *s);
 static char *int_array(const int64_t *v, const int *w, int n);
-static struct task *task_from_row(PGresult *r, int i, double now, double visibility);
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
 
 struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s)
 {
   struct queue *q = calloc(1, sizeof *q);
-  char *claim = db_table_object(t, c, "claim", 1), *settle = db_table_object(t, c, "settle", 1);
+  char *settle = db_table_object(t, c, "settle", 1);
   char *reap = db_table_object(t, c, "reap", 1), *release = db_table_object(t, c, "release", 1);
   char *cycle = db_table_object(t, c, "cycle", 1);
-  if (!q || !claim || !settle || !reap || !release || !cycle)
+  if (!q || !settle || !reap || !release || !cycle)
     goto fail;
-  q->claim_sql = format_sql(
-    "SELECT id, attempts, max_attempts, tenant_id, shard_key, batch, payload::text "
-    "FROM %s($1, $2::int, $3::float8, $4::text[], $5)", claim);
   q->settle_sql = format_sql(
     "SELECT id FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], "
     "$7::jsonb[])", settle);
@@ -77,18 +73,16 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->owner = strdup(owner);
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
-  if (!q->claim_sql || !q->settle_sql || !q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
+  if (!q->settle_sql || !q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
       !q->open_sql || !q->owner || !q->cycle_sql || !q->depth_sql)
     goto fail;
   free(cycle);
-  free(claim);
   free(settle);
   free(reap);
   free(release);
   return q;
 fail:
   free(cycle);
-  free(claim);
   free(settle);
   free(reap);
   free(release);
@@ -100,7 +94,6 @@ void queue_free(struct queue *q)
 {
   if (!q)
     return;
-  free(q->claim_sql);
   free(q->settle_sql);
   free(q->heartbeat_sql);
   free(q->reap_sql);
@@ -110,34 +103,6 @@ void queue_free(struct queue *q)
   free(q->depth_sql);
   free(q->owner);
   free(q);
-}
-
-int queue_claim(struct queue *q, PGconn *c, const struct queue_scope *s, int n,
-                struct task **out, char *err, size_t errlen)
-{
-  char nbuf[16];
-  snprintf(nbuf, sizeof nbuf, "%d", n);
-  const char *params[] = { q->owner, nbuf, q->visibility, s->tenants, s->batch };
-  double now = task_now();
-  *out = NULL;
-  PGresult *r = db_exec(c, q->claim_sql, 5, params, err, errlen);
-  if (!r)
-    return -1;
-  int rows = PQntuples(r);
-  struct task **tail = out;
-  for (int i = 0; i < rows; i++) {
-    struct task *t = task_from_row(r, i, now, q->visibility_s);
-    if (!t) {
-      /* The rows are leased already; they come back when the lease expires. */
-      snprintf(err, errlen, "out of memory reading claimed tasks");
-      PQclear(r);
-      return -1;
-    }
-    *tail = t;
-    tail = &t->next;
-  }
-  PQclear(r);
-  return rows;
 }
 
 /* The six array parameters of a settle ({ids}, {attempts}, {kinds}, {delays}, {errors},
@@ -460,11 +425,6 @@ static struct task *task_from_columns(PGresult *r, int i, int first, double now,
     return NULL;
   }
   return t;
-}
-
-static struct task *task_from_row(PGresult *r, int i, double now, double visibility)
-{
-  return task_from_columns(r, i, 0, now, visibility);
 }
 
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility)

@@ -25,11 +25,6 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s);
 void queue_free(struct queue *q);
 
-/* Leases up to n runnable tasks of the scope; *out receives a list (task->next) of new tasks
-   with lease_deadline set. Returns the count or -1. */
-int queue_claim(struct queue *q, PGconn *c, const struct queue_scope *s, int n,
-                struct task **out, char *err, size_t errlen);
-
 /* Writes the outcomes of the tasks in list (one statement). For each task, applied[i]
    (in list order) tells whether the fenced write matched: 0 means a late outcome. */
 int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
