@@ -115,7 +115,11 @@ case_help_and_version_on_every_command() {
   local cmd flag version
   expect_exit 0 "$LEASH" --version
   version=$(<"$T_OUT")
-  [[ $version =~ ^leash\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "version line: $version"
+  # First line: the version; second: the libraries linked, as they report themselves.
+  [[ $(head -n 1 <<<"$version") =~ ^leash\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "version line: $version"
+  [[ $(sed -n 2p <<<"$version") =~ ^libpq\ [0-9.]+,\ Lua\ 5\.4\.[0-9]+,\ jansson\ [0-9.]+,\ libcurl\ [0-9.]+,\ libmicrohttpd\ [0-9.]+$ ]] \
+    || fail "libraries line: $version"
+  (($(wc -l <<<"$version") == 2)) || fail "two lines: $version"
 
   for flag in --help -h; do
     expect_exit 0 "$LEASH" "$flag"
