@@ -666,7 +666,7 @@ case_dockerfile_runtime_stage_covers_the_binarys_libraries() {
       libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux* | libgcc_s.so.*) continue ;;   # in the base image
       libasan.so.* | libubsan.so.* | libtsan.so.*) continue ;;   # sanitizer builds only
     esac
-    file=$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')
+    file=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found { print $NF; found = 1 }')
     [[ -n $file ]] || fail "cannot find $lib on this machine"
     pkg=$(dpkg -S "$file" 2>/dev/null || dpkg -S "$(readlink -f "$file")" 2>/dev/null \
       || dpkg -S "/usr$(readlink -f "$file")" 2>/dev/null || true)
