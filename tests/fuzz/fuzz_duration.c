@@ -100,7 +100,7 @@ static int expect_duration(const char *s, double *want)
   if (errno != 0)
     return 0;
   *want = v * scale;
-  return isfinite(*want);
+  return isfinite(*want) && *want <= CLI_DURATION_MAX;   /* capped at 100 years */
 }
 
 static int expect_int(const char *s, long min, long max, long *want)
