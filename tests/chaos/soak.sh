@@ -116,6 +116,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'RC=130; exit' INT
 trap 'RC=143; exit' TERM
+trap 'RC=129; exit' HUP
 
 # ------------------------------------------------------------------ set-up
 say "work folder $WORK; seed $SEED; $PROCS procs x $SLOTS slots; $TASKS tasks over ${DURATION}s"
@@ -335,6 +336,7 @@ enqueue_chunk() {
 # lease, script pool; the producer's `leash enqueue` too), or on all of them.
 terminate_backends() {
   local all=$1 rows row ids="" what=""
+  all_ready || return 0
   rows=$(psql_q -c "SELECT pid || ':' || replace(application_name, ' ', '_') FROM pg_stat_activity
                      WHERE datname = current_database() AND application_name LIKE 'leash %'
                        AND pid <> pg_backend_pid() ORDER BY pid" 2>/dev/null) || return 0
@@ -415,11 +417,13 @@ hot_swap() {
   NEXT_SWAP=$((now + R * 1000))
 }
 
-# The database's turn comes on its own schedule (the first within 20-45 % of the run or of
-# 100 s, whichever is shorter, then every PG_GAP_MIN-PG_GAP_MAX s), so a short run sees it:
-# two times in three a restart (pg_ctl restart -m fast: every connection is cut), else a
-# freeze (SIGSTOP of the postmaster and every backend, like a hung server or a partition)
-# for visibility + 0.5-2.5 s, so every lease runs out while nothing can be written.
+# The database's turn comes on its own schedule, so that a short run sees it too: the first
+# within 20-45 % of the run or of 100 s, whichever is shorter, then every PG_GAP_MIN-PG_GAP_MAX
+# s, but never while a worker is starting (leash exits 1 when it loses its connection before
+# it runs; see all_ready). Two times in three a restart (pg_ctl restart -m fast: every
+# connection is cut), else a freeze (SIGSTOP of the postmaster and every backend, like a hung
+# server or a partition) for visibility + 0.5-2.5 s, so every lease runs out while nothing
+# can be written.
 pg_fault() {
   if ((RANDOM % 3)); then
     ev pg_restart_begin server
@@ -483,7 +487,7 @@ while (($(us) < END)); do
   pg_thaw
   if [[ -n $PG_FROZEN ]]; then
     :   # nothing that needs the database while it is frozen
-  elif (($(us) >= NEXT_PG)); then
+  elif (($(us) >= NEXT_PG)) && all_ready; then
     pg_fault
   elif ((SCRIPT_GOOD && $(us) >= NEXT_SWAP)); then
     hot_swap
@@ -520,6 +524,15 @@ while (($(us) < drain_end)); do
   open=$(psql_q -c "SELECT count(*) FROM agent_work_queue WHERE status IN ('pending', 'leased')" 2>/dev/null)
   [[ $open == 0 ]] && break
   sleep 0.5
+done
+# A worker still draining from a chaos SIGTERM must not get a second one (that one stops at
+# once, exit 1), nor one that is still starting (143): let them get there first.
+for _ in $(seq 300); do
+  if [[ " ${W_STATE[*]} " != *" draining "* && " ${W_STATE[*]} " != *" down "* ]] && all_ready; then
+    break
+  fi
+  tend_workers
+  sleep 0.1
 done
 say "queue open: ${open:-?}; stopping workers with SIGTERM"
 for ((i = 1; i <= PROCS; i++)); do
