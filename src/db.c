@@ -30,10 +30,14 @@ PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout
   snprintf(app, sizeof app, "leash %s", role);
   /* expand_dbname lets conninfo be a URI or key=value string. It comes last, so what the
      user wrote (connect_timeout, application_name) wins over our defaults. */
-  const char *keys[] = { "fallback_application_name", "connect_timeout", "dbname", NULL };
-  const char *vals[] = { app, "10", conninfo, NULL };
+  /* Keepalives and tcp_user_timeout: a silent network partition must not hang a worker for
+     the kernel's TCP timeout (a quarter of an hour). Unix sockets ignore them. */
+  const char *keys[] = { "fallback_application_name", "connect_timeout", "keepalives",
+                         "keepalives_idle", "keepalives_interval", "keepalives_count",
+                         "tcp_user_timeout", "dbname", NULL };
+  const char *vals[] = { app, "10", "1", "30", "10", "3", "60000", conninfo, NULL };
   if (!conninfo)
-    keys[2] = NULL;
+    keys[7] = NULL;
   PGconn *c = PQconnectdbParams(keys, vals, 1);
   if (!c) {
     snprintf(err, errlen, "out of memory connecting to PostgreSQL");
