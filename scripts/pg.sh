@@ -4,6 +4,7 @@
 #   eval "$(scripts/pg.sh start [--fsync] [DIR])"   # exports PGHOST PGPORT PGUSER LEASH_PG_DIR
 #   scripts/pg.sh newdb NAME                         # (re)creates NAME, prints its conninfo
 #   scripts/pg.sh restart [DIR]                      # same port, same socket
+#   scripts/pg.sh halt [DIR] / resume [DIR]          # stop the server, keep the cluster / start it again
 #   scripts/pg.sh env [DIR]                          # prints the export lines again
 #   scripts/pg.sh stop [DIR]                         # stops and deletes DIR; idempotent
 #
@@ -245,6 +246,27 @@ cmd_restart() {
   fi
 }
 
+# ---------------------------------------------------------------- halt, resume
+# The server away for a while (tests of a worker that starts before its database).
+cmd_halt() {
+  local dir=${1:-${LEASH_PG_DIR:-}}
+  [[ -n $dir && -d $dir/data ]] || die "halt: no cluster in '${dir}'"
+  stop_server "$(cd "$dir" && pwd -P)"
+}
+
+cmd_resume() {
+  local dir=${1:-${LEASH_PG_DIR:-}}
+  [[ -n $dir && -d $dir/data ]] || die "resume: no cluster in '${dir}'"
+  dir=$(cd "$dir" && pwd -P)
+  read_port "$dir" >/dev/null
+  if ! as_owner "$PG_BIN/pg_ctl" start -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+       >"$dir/pg_ctl.log" 2>&1; then
+    cat "$dir/pg_ctl.log" >&2
+    log_tail "$dir/server.log"
+    die "resume failed in $dir"
+  fi
+}
+
 cmd_env() {
   local dir=${1:-${LEASH_PG_DIR:-}}
   [[ -n $dir ]] || die "env: no DIR given and LEASH_PG_DIR is not set"
@@ -284,6 +306,8 @@ main() {
     start) cmd_start "$@" ;;
     stop) cmd_stop "$@" ;;
     restart) cmd_restart "$@" ;;
+    halt) cmd_halt "$@" ;;
+    resume) cmd_resume "$@" ;;
     env) cmd_env "$@" ;;
     newdb) cmd_newdb "$@" ;;
     -h|--help|help) usage ;;

@@ -12,6 +12,7 @@ static char *escape_ident(PGconn *c, const char *s, size_t len);
 static void redact_passwords(const char *conninfo, char *msg, size_t msglen);
 
 static _Thread_local char last_sqlstate[6];
+static _Thread_local int last_transient;
 
 const char *db_conninfo(const char *explicit_conninfo)
 {
@@ -38,12 +39,19 @@ PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout
   const char *vals[] = { app, "10", "1", "30", "10", "3", "60000", conninfo, NULL };
   if (!conninfo)
     keys[7] = NULL;
+  last_transient = 0;
   PGconn *c = PQconnectdbParams(keys, vals, 1);
   if (!c) {
     snprintf(err, errlen, "out of memory connecting to PostgreSQL");
     return NULL;
   }
   if (PQstatus(c) != CONNECTION_OK) {
+    /* libpq gives no SQLSTATE for a failed connection; a ping tells, without parsing a
+       translated message, whether the server is away or refusing for now (starting up,
+       shutting down) — worth waiting for — or answering (bad password, no such
+       database) — not. */
+    PGPing ping = PQpingParams(keys, vals, 1);
+    last_transient = ping == PQPING_NO_RESPONSE || ping == PQPING_REJECT;
     char one[DB_ERR_MAX];
     db_one_line(PQerrorMessage(c), one, sizeof one);
     /* libpq quotes a malformed URI whole, or the token it could not decode, in its
@@ -77,6 +85,10 @@ PGresult *db_exec(PGconn *c, const char *sql, int nparams, const char *const *pa
   /* A NULL SQLSTATE means the client itself saw the failure (lost connection, memory). */
   const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
   snprintf(last_sqlstate, sizeof last_sqlstate, "%s", state ? state : "");
+  /* Class 08 (connection exception), 57P01-57P03 (admin shutdown, crash shutdown, cannot
+     connect now), or a connection the client saw drop. */
+  last_transient = PQstatus(c) == CONNECTION_BAD || strncmp(last_sqlstate, "08", 2) == 0 ||
+                   strncmp(last_sqlstate, "57P0", 4) == 0;
   db_one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(c), err, errlen);
   if (err[0] == '\0')
     snprintf(err, errlen, "unexpected result %s", PQresStatus(st));
@@ -109,6 +121,11 @@ int db_script(PGconn *c, const char *sql, char *err, size_t errlen)
 const char *db_last_sqlstate(void)
 {
   return last_sqlstate;
+}
+
+int db_last_error_transient(void)
+{
+  return last_transient;
 }
 
 void db_one_line(const char *msg, char *out, size_t outlen)

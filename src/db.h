@@ -37,6 +37,10 @@ int db_script(PGconn *c, const char *sql, char *err, size_t errlen);
 /* The SQLSTATE of the last failure kept by db_exec (thread-local), "" when none. */
 const char *db_last_sqlstate(void);
 
+/* 1 when the last failure of db_connect or db_exec (thread-local) was the database being
+   away or restarting, so the same call may succeed later; 0 when retrying cannot help. */
+int db_last_error_transient(void);
+
 /* Copies libpq's (multi-line) message into out as one line. */
 void db_one_line(const char *msg, char *out, size_t outlen);
 

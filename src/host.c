@@ -19,6 +19,7 @@
 
 #define CLAIM_TIMEOUT_MS 5000
 #define RECONNECT_MAX_S 5.0
+#define START_WAIT_S 60.0
 #define SLOT_STACK (512 * 1024)
 #define PROGRESS_EVERY_S 10.0
 #define IDLE_POLL_MAX_S 5.0
@@ -57,7 +58,9 @@ struct dispatcher {
 static void *slot_main(void *arg);
 static void *signal_main(void *arg);
 static int dispatch(struct dispatcher *d);
+static int connect_at_start(struct dispatcher *d, char *err, size_t errlen);
 static int ensure_connection(struct dispatcher *d);
+static double next_backoff(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static int cycle(struct dispatcher *d, struct task *list, int want);
 static int ready_target(const struct dispatcher *d);
@@ -123,13 +126,7 @@ int host_run(const struct host_config *cfg)
   log_info("loaded %s version %s", cfg->script_path, script_version(probe));
   snprintf(h.version, sizeof h.version, "%s", script_version(probe));
   script_free(probe);
-  d.conn = db_connect(cfg->conninfo, "claim", CLAIM_TIMEOUT_MS, err, sizeof err);
-  if (!d.conn) {
-    log_error("%s", err);
-    goto out;
-  }
-  if (db_table_init(&h.table, d.conn, cfg->table, err, sizeof err) != 0 ||
-      migrate_check(d.conn, &h.table, err, sizeof err) != 0) {
+  if (connect_at_start(&d, err, sizeof err) != 0) {
     log_error("%s", err);
     goto out;
   }
@@ -412,6 +409,32 @@ static int ready_target(const struct dispatcher *d)
   return x > d->h->cfg->claim_batch ? d->h->cfg->claim_batch : (int)ceil(x);
 }
 
+/* The claim connection and the table check at start. A database that is away or restarting
+   (a failover, a pod scheduled before its database) is waited for, up to START_WAIT_S, as
+   after start; a wrong password, a missing database or an unmigrated table fail at once. */
+static int connect_at_start(struct dispatcher *d, char *err, size_t errlen)
+{
+  struct host *h = d->h;
+  double give_up = task_now() + START_WAIT_S;
+  for (;;) {
+    d->conn = db_connect(h->cfg->conninfo, "claim", CLAIM_TIMEOUT_MS, err, errlen);
+    if (d->conn) {
+      if (!h->table.qualified &&
+          db_table_init(&h->table, d->conn, h->cfg->table, err, errlen) != 0)
+        return -1;   /* a bad name or no memory: no database error, nothing to wait for */
+      if (migrate_check(d->conn, &h->table, err, errlen) == 0)
+        return 0;
+    }
+    if (!db_last_error_transient() || task_now() >= give_up)
+      return -1;
+    PQfinish(d->conn);
+    d->conn = NULL;
+    double wait = next_backoff(d);
+    log_warn("%s; retrying in %.1f s", err, wait);
+    usleep((useconds_t)(wait * 1e6));
+  }
+}
+
 /* 1 when the claim connection is usable; else reconnects, waiting with capped backoff. */
 static int ensure_connection(struct dispatcher *d)
 {
@@ -425,11 +448,18 @@ static int ensure_connection(struct dispatcher *d)
     d->backoff = 0.1;
     return 1;
   }
-  double wait = d->backoff * (0.5 + (double)(rand() % 1000) / 1000.0);
+  double wait = next_backoff(d);
   log_warn("claim connection: %s; retrying in %.1f s", err, wait);
   usleep((useconds_t)(wait * 1e6));
-  d->backoff = d->backoff * 2 > RECONNECT_MAX_S ? RECONNECT_MAX_S : d->backoff * 2;
   return 0;
+}
+
+/* The next wait before reconnecting: jittered, doubling up to RECONNECT_MAX_S. */
+static double next_backoff(struct dispatcher *d)
+{
+  double wait = d->backoff * (0.5 + (double)(rand() % 1000) / 1000.0);
+  d->backoff = d->backoff * 2 > RECONNECT_MAX_S ? RECONNECT_MAX_S : d->backoff * 2;
+  return wait;
 }
 
 static void connection_failed(struct dispatcher *d, const char *what, const char *err)

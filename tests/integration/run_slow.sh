@@ -54,6 +54,40 @@ case_server_restart_mid_batch() {
   assert_no_sanitizer_reports
 }
 
+# 8. A worker that starts while PostgreSQL is down (a pod scheduled before its database, a
+# failover) waits for it and then runs; a database that answers "no" (no such database)
+# fails at once, with one line.
+case_start_waits_for_a_database_that_is_down() {
+  need_pg
+  local env
+  if ! env=$("$LEASH_SRC/scripts/pg.sh" start) || [[ $env == false ]]; then
+    fail "could not start a private PostgreSQL cluster"
+  fi
+  eval "$env"
+  t_on_exit "$LEASH_SRC/scripts/pg.sh" stop "$LEASH_PG_DIR"
+  run_setup
+  seq 1 20 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
+  enqueue_file "$T_TMP/tasks.jsonl" 20
+
+  "$LEASH_SRC/scripts/pg.sh" halt "$LEASH_PG_DIR" || fail "pg.sh halt failed"
+  start_worker A "$FIX/record.lua" --concurrency 2 --until-empty --poll-ms 20-100
+  wait_for "worker A to try the database three times" 30 _retries_at_least A 3
+  exited "${W_PID[A]}" && fail "worker A gave up on a database that is only down"
+  "$LEASH_SRC/scripts/pg.sh" resume "$LEASH_PG_DIR" || fail "pg.sh resume failed"
+  assert_worker_exit A 60 0
+  assert_eq "queue after the batch" "$(status_counts)" "done=20"
+
+  # The server answers, and the answer is final: no waiting.
+  local t0=$SECONDS
+  expect_exit 1 timeout 30 "$LEASH" run "$FIX/record.lua" --db "$DATABASE_URL dbname=leash_no_such_db"
+  ((SECONDS - t0 < 10)) || fail "a missing database took $((SECONDS - t0)) s to fail"
+  assert_contains "last line of stderr" "$(tail -n 1 "$T_ERR")" 'database "leash_no_such_db" does not exist'
+  assert_not_contains "stderr" "$(<"$T_ERR")" "retrying"
+  assert_no_sanitizer_reports
+}
+
+_retries_at_least() { (($(grep -c "retrying in" "$T_TMP/$1.log") >= $2)); }
+
 # _gone_or_report PID: true once PID exited; else prints what is still open in the queue.
 _gone_or_report() {
   exited "$1" && return 0
