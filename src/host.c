@@ -70,6 +70,8 @@ static void distribute(struct dispatcher *d, struct task *list);
 static void release_ready(struct dispatcher *d);
 static int must_give_up(struct dispatcher *d);
 static void settle_one_by_one(struct dispatcher *d, struct task *list);
+static int settle_alone(struct dispatcher *d, struct task *t, char *applied, char *err,
+                        size_t errlen);
 static void finish_task(struct dispatcher *d, struct task *t, int applied);
 static void held_add(struct host *h, struct task *t);
 static void held_remove(struct host *h, struct task *t);
@@ -587,6 +589,8 @@ static int must_give_up(struct dispatcher *d)
   return draining && task_now() >= d->drain_deadline;
 }
 
+/* After a cycle's statement failed on a connection that is fine (a result jsonb refuses,
+   say): each outcome alone, so one bad result cannot keep the others from being written. */
 static void settle_one_by_one(struct dispatcher *d, struct task *list)
 {
   char err[DB_ERR_MAX];
@@ -594,8 +598,8 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list)
     struct task *t = list;
     list = t->next;
     t->next = NULL;
-    char applied = 0;
-    if (queue_settle(d->q, d->conn, t, 1, &applied, err, sizeof err) != 0 && t->result) {
+    char applied = SETTLED_LATE;
+    if (settle_alone(d, t, &applied, err, sizeof err) != 0 && t->result) {
       /* A result PostgreSQL cannot store (jsonb refuses \u0000) fails the attempt. */
       t->kind = OUTCOME_RETRY;
       free(t->error);
@@ -605,7 +609,7 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list)
         snprintf(t->error, len, "result cannot be stored: %s", err);
       free(t->result);
       t->result = NULL;
-      if (queue_settle(d->q, d->conn, t, 1, &applied, err, sizeof err) != 0) {
+      if (settle_alone(d, t, &applied, err, sizeof err) != 0) {
         log_task(LOG_ERROR, d->h, t, "cannot settle: %s", err);
         finish_task(d, t, -1);
         continue;
@@ -615,28 +619,33 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list)
   }
 }
 
-/* applied: 1 written, 0 rejected by the fence (late), -1 not written (lost / failed). */
+/* One outcome, by a cycle that claims nothing. 0, or -1 with err. */
+static int settle_alone(struct dispatcher *d, struct task *t, char *applied, char *err,
+                        size_t errlen)
+{
+  struct task *none = NULL;
+  double due;
+  return queue_cycle(d->q, d->conn, t, 1, applied, &d->h->cfg->scope, 0, &none, &due, err,
+                     errlen) < 0 ? -1 : 0;
+}
+
+/* applied: SETTLED_* (what the fenced write did), or -1 when it was not written (the
+   database away at the end, no memory): the lease expires and the task runs again. */
 static void finish_task(struct dispatcher *d, struct task *t, int applied)
 {
   static const char *const kinds[] = { "done", "retry", "dead" };
   if (t->finished)
     d->avg_duration = d->avg_duration > 0 ? 0.9 * d->avg_duration + 0.1 * t->duration
                                           : t->duration;
-  /* A retry with no attempt left was settled dead by the database (settle's CASE). */
-  if (t->kind == OUTCOME_RETRY && t->attempt >= t->max_attempts)
-    t->kind = OUTCOME_DEAD;
-  if (applied == 1) {
-    if (t->kind == OUTCOME_DONE)
-      atomic_fetch_add(&d->h->stats.done, 1);
-    else if (t->kind == OUTCOME_RETRY)
-      atomic_fetch_add(&d->h->stats.retried, 1);
-    else
-      atomic_fetch_add(&d->h->stats.dead, 1);
-    if (t->kind == OUTCOME_DONE)
-      log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
-    else
-      log_task(LOG_INFO, d->h, t, "%s: %s", kinds[t->kind], t->error ? t->error : "");
-  } else if (applied == 0) {
+  if (applied == SETTLED_DONE) {
+    atomic_fetch_add(&d->h->stats.done, 1);
+    log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
+  } else if (applied == SETTLED_PENDING || applied == SETTLED_DEAD) {
+    /* The database decides: a retry with no attempt left was written dead. */
+    atomic_fetch_add(applied == SETTLED_PENDING ? &d->h->stats.retried : &d->h->stats.dead, 1);
+    log_task(LOG_INFO, d->h, t, "%s: %s", applied == SETTLED_PENDING ? "retry" : "dead",
+             t->error ? t->error : "");
+  } else if (applied == SETTLED_LATE) {
     atomic_fetch_add(&d->h->stats.late, 1);
     log_task(LOG_WARN, d->h, t, "late outcome rejected (%s): the lease was no longer ours",
              kinds[t->kind]);

@@ -7,7 +7,7 @@
 
 struct queue {
   char *depth_sql;
-  char *settle_sql, *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
+  char *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
   char *owner;
   char visibility[32];
   double visibility_s;
@@ -31,14 +31,10 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s)
 {
   struct queue *q = calloc(1, sizeof *q);
-  char *settle = db_table_object(t, c, "settle", 1);
   char *reap = db_table_object(t, c, "reap", 1), *release = db_table_object(t, c, "release", 1);
   char *cycle = db_table_object(t, c, "cycle", 1);
-  if (!q || !settle || !reap || !release || !cycle)
+  if (!q || !reap || !release || !cycle)
     goto fail;
-  q->settle_sql = format_sql(
-    "SELECT id FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], "
-    "$7::jsonb[])", settle);
   q->reap_sql = format_sql("SELECT count(*) FROM %s()", reap);
   /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
   q->depth_sql = format_sql(
@@ -47,7 +43,8 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "       count(*) FILTER (WHERE status = 'leased') "
     "  FROM %s WHERE status IN ('pending', 'leased')", t->qualified);
   q->cycle_sql = format_sql(
-    "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited "
+    "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
+    "       status "
     "FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], $7::jsonb[], "
     "$8::int, $9::float8, $10::text[], $11)", cycle);
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::int[])", release);
@@ -73,17 +70,15 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->owner = strdup(owner);
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
-  if (!q->settle_sql || !q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
+  if (!q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
       !q->open_sql || !q->owner || !q->cycle_sql || !q->depth_sql)
     goto fail;
   free(cycle);
-  free(settle);
   free(reap);
   free(release);
   return q;
 fail:
   free(cycle);
-  free(settle);
   free(reap);
   free(release);
   queue_free(q);
@@ -94,7 +89,6 @@ void queue_free(struct queue *q)
 {
   if (!q)
     return;
-  free(q->settle_sql);
   free(q->heartbeat_sql);
   free(q->reap_sql);
   free(q->release_sql);
@@ -152,39 +146,24 @@ static int settle_arrays(struct task *list, int n, struct text a[6])
   return 0;
 }
 
-/* Marks applied[i] for each task of list whose id the server returned in column 0 of the
-   rows where (when settled_col >= 0) that column is true. */
-static void mark_applied(PGresult *r, int settled_col, struct task *list, int n, char *applied)
+/* Sets applied[i] (SETTLED_*) for each task of list from the cycle's settled rows (id in
+   column 1, the status written in column 9); tasks no row names stay SETTLED_LATE. */
+static void mark_applied(PGresult *r, struct task *list, int n, char *applied)
 {
-  memset(applied, 0, (size_t)n);
+  memset(applied, SETTLED_LATE, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
-    if (settled_col >= 0 && strcmp(PQgetvalue(r, row, settled_col), "t") != 0)
+    if (PQgetisnull(r, row, 0) || strcmp(PQgetvalue(r, row, 0), "t") != 0)
       continue;
-    long long id = strtoll(PQgetvalue(r, row, settled_col >= 0 ? 1 : 0), NULL, 10);
+    long long id = strtoll(PQgetvalue(r, row, 1), NULL, 10);
+    const char *status = PQgetvalue(r, row, 9);
+    char got = strcmp(status, "done") == 0      ? SETTLED_DONE
+               : strcmp(status, "pending") == 0 ? SETTLED_PENDING
+                                                : SETTLED_DEAD;
     int i = 0;
     for (struct task *t = list; t && i < n; t = t->next, i++)
       if (t->id == id)
-        applied[i] = 1;
+        applied[i] = got;
   }
-}
-
-int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                 char *err, size_t errlen)
-{
-  struct text a[6];
-  if (settle_arrays(list, n, a) != 0) {
-    snprintf(err, errlen, "out of memory building a settle");
-    return -1;
-  }
-  const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s };
-  PGresult *r = db_exec(c, q->settle_sql, 7, params, err, errlen);
-  for (int k = 0; k < 6; k++)
-    free(a[k].s);
-  if (!r)
-    return -1;
-  mark_applied(r, -1, list, n, applied);
-  PQclear(r);
-  return 0;
 }
 
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
@@ -208,7 +187,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   if (!r)
     return -1;
   if (n > 0)
-    mark_applied(r, 0, list, n, applied);
+    mark_applied(r, list, n, applied);
   int claimed = 0;
   struct task **tail = out;
   *next_due = -1;

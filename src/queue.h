@@ -1,6 +1,6 @@
 /*
  * queue: every SQL statement of the lease protocol, on a connection the caller owns:
- * claim, settle (batched and fenced), heartbeat (one statement for all leases), reap,
+ * the cycle (settle, batched and fenced, plus claim), heartbeat (one statement for all leases), reap,
  * release on drain, and the scope check of --until-empty. The functions themselves live in
  * sql/ (created by migrate); this unit holds their quoted names and binds parameters.
  * A failure returns -1 with a one-line message; the caller decides on reconnecting.
@@ -25,16 +25,15 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s);
 void queue_free(struct queue *q);
 
-/* Writes the outcomes of the tasks in list (one statement). For each task, applied[i]
-   (in list order) tells whether the fenced write matched: 0 means a late outcome. */
-int queue_settle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                 char *err, size_t errlen);
+/* What the fenced write of one outcome did. SETTLED_LATE: it matched nothing (the lease was
+   no longer ours); else the status the row got (a retry with no attempt left is dead). */
+enum { SETTLED_LATE = 0, SETTLED_DONE, SETTLED_PENDING, SETTLED_DEAD };
 
-/* One round trip: writes the outcomes of the first n tasks of list (applied[] as in
-   queue_settle) and leases up to `want` rows of the scope (new tasks in *out), in one
-   transaction. Returns the number claimed, or -1 (nothing was written or claimed). When
-   the claim came back short, *next_due is the number of seconds until the next pending row
-   of the scope becomes runnable (-1: none, or the claim was full). */
+/* One round trip: writes the outcomes of the first n tasks of list (applied[i], in list
+   order, one of SETTLED_*) and leases up to `want` rows of the scope (new tasks in *out;
+   want may be 0), in one transaction. Returns the number claimed, or -1 (nothing was written
+   or claimed). When the claim came back short, *next_due is the number of seconds until the
+   next pending row of the scope becomes runnable (-1: none, or the claim was full). */
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
                 char *err, size_t errlen);

@@ -232,6 +232,28 @@ case_backoff_dead_and_fatal() {
   assert_no_sanitizer_reports
 }
 
+# 7b. A result PostgreSQL cannot store (jsonb refuses \u0000) fails its own attempt and no
+# other: the cycle's statement fails, the outcomes are settled one by one, that one as a retry
+# naming the reason, and once its attempts are spent it is dead, as the database counts it.
+case_unstorable_result_fails_only_its_task() {
+  run_setup
+  {
+    seq 1 5 | awk '{ printf "{\"shard_key\":\"ok%d\",\"payload\":{\"sleep\":0.2}}\n", $1 }'
+    printf '{"shard_key":"nul","max_attempts":2,"payload":{"sleep":0.2,"outcome":"nul"}}\n'
+  } >"$T_TMP/tasks.jsonl"
+  enqueue_file "$T_TMP/tasks.jsonl" 6
+  start_worker A "$FIX/record.lua" --concurrency 6 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 30 0
+  assert_eq "queue" "$(status_counts)" "dead=1 done=5"
+  local err
+  err=$(q "select status || '|' || attempts || '|' || last_error from agent_work_queue where shard_key = 'nul'")
+  assert_contains "the unstorable task" "$err" "dead|2|result cannot be stored:"
+  log_has A "settling one by one" || fail "no 'settling one by one' in the log"
+  log_has A "7 claimed, 5 done, 1 retried, 1 dead, 0 lost, 0 late" \
+    || fail "the summary does not count what the database wrote"$'\n'"$(worker_log A)"
+  assert_no_sanitizer_reports
+}
+
 # 8. SIGTERM drains: running tasks finish and are settled, nothing new is claimed, exit 0.
 # Past --drain-timeout, tasks still running go back to pending without the attempt charged.
 case_drain_sigterm() {
