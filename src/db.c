@@ -8,6 +8,7 @@
 #include <string.h>
 
 static void notice_to_log(void *arg, const char *message);
+static PGresult *exec_result(PGconn *c, PGresult *r, char *err, size_t errlen);
 static char *escape_ident(PGconn *c, const char *s, size_t len);
 static void redact_passwords(const char *conninfo, char *msg, size_t msglen);
 
@@ -76,7 +77,31 @@ PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout
 PGresult *db_exec(PGconn *c, const char *sql, int nparams, const char *const *params,
                   char *err, size_t errlen)
 {
-  PGresult *r = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  return exec_result(c, PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0), err,
+                     errlen);
+}
+
+PGresult *db_exec_prepared(PGconn *c, const char *name, const char *sql, int nparams,
+                           const char *const *params, char *err, size_t errlen)
+{
+  PGresult *r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
+  const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+  if (state && strcmp(state, "26000") == 0) {
+    /* Not prepared on this connection yet (a new one, or one that was reset). */
+    PQclear(r);
+    r = PQprepare(c, name, sql, nparams, NULL);
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK)
+      return exec_result(c, r, err, errlen);
+    PQclear(r);
+    r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
+  }
+  return exec_result(c, r, err, errlen);
+}
+
+/* db_exec's answer from libpq's: r when it holds rows or a command's success, else NULL with
+   err, and the failure kept for db_last_sqlstate and db_last_error_transient. */
+static PGresult *exec_result(PGconn *c, PGresult *r, char *err, size_t errlen)
+{
   ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
   if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
     last_sqlstate[0] = '\0';

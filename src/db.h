@@ -27,6 +27,11 @@ PGconn *db_connect(const char *conninfo, const char *role, int statement_timeout
 PGresult *db_exec(PGconn *c, const char *sql, int nparams, const char *const *params,
                   char *err, size_t errlen);
 
+/* As db_exec, for a statement run often: prepared as `name` on c the first time it is used
+   there (the server plans it once per connection, not on every call). */
+PGresult *db_exec_prepared(PGconn *c, const char *name, const char *sql, int nparams,
+                           const char *const *params, char *err, size_t errlen);
+
 /* Same, for a statement without parameters or results; returns 0 or -1. */
 int db_command(PGconn *c, const char *sql, char *err, size_t errlen);
 

@@ -181,7 +181,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s,
                            nbuf, q->visibility, s->tenants, s->batch };
   double now = task_now();
-  PGresult *r = db_exec(c, q->cycle_sql, 11, params, err, errlen);
+  PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, 11, params, err, errlen);
   for (int k = 0; k < 6; k++)
     free(a[k].s);
   if (!r)
