@@ -63,6 +63,25 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
   }
 }
 
+int cli_next_option(struct cli *g, int argc, char **argv, const struct option *opts, int *rc)
+{
+  int opt, done;
+  opterr = 0;   /* our own one-line errors, not getopt's */
+  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    *rc = cli_global_option(g, opt, optarg, &done);
+    if (done)
+      return CLI_STOP;
+    if (*rc == 1)
+      continue;
+    if (opt == '?' || opt == ':') {
+      *rc = cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
+      return CLI_STOP;
+    }
+    return opt;
+  }
+  return -1;
+}
+
 int cli_usage_error(const struct cli *g, const char *fmt, ...)
 {
   va_list ap;

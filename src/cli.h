@@ -48,6 +48,13 @@ struct cli {
    bad value: then *done is set and the caller returns that code. */
 int cli_global_option(struct cli *g, int opt, const char *arg, int *done);
 
+/* A command's option loop: returns the next option of opts that is not a global one (the
+   globals are handled here), -1 after the last option (optind is then the first argument),
+   or CLI_STOP when the command must return *rc at once: after --help or --version (EXIT_OK),
+   a bad global value or an unknown or incomplete option (the error is printed). */
+#define CLI_STOP (-2)
+int cli_next_option(struct cli *g, int argc, char **argv, const struct option *opts, int *rc);
+
 /* Prints "leash CMD: MSG" and a hint to stderr; returns EXIT_USAGE. */
 int cli_usage_error(const struct cli *g, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));

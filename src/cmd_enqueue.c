@@ -72,17 +72,13 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
   };
   struct defaults d = { 0 };
   const char *file = NULL;
-  int opt, done, rc;
+  int opt, rc;
   long n;
   double secs;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_TENANT:
     case OPT_SHARD:
@@ -110,8 +106,6 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     case OPT_FILE:
       file = optarg;
       break;
-    default:
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (d.delay && d.run_after)

@@ -48,20 +48,14 @@ int cmd_inspect(struct cli *g, int argc, char **argv)
     { "json", no_argument, NULL, OPT_JSON },
     { NULL, 0, NULL, 0 },
   };
-  int as_json = 0, opt, done, rc;
+  int as_json = 0, opt, rc;
   long id;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_JSON: as_json = 1; break;
-    default:
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (argc - optind != 1)

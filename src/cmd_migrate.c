@@ -13,16 +13,10 @@ static const char usage[] =
 int cmd_migrate(struct cli *g, int argc, char **argv)
 {
   static const struct option opts[] = { CLI_GLOBAL_OPTIONS, { NULL, 0, NULL, 0 } };
-  int opt, done, rc;
+  int rc;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
-      return rc;
-    if (rc != 1)
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
-  }
+  if (cli_next_option(g, argc, argv, opts, &rc) != -1)
+    return rc;   /* CLI_STOP: migrate has no options of its own */
   if (optind < argc)
     return cli_usage_error(g, "unexpected argument '%s'", argv[optind]);
 

@@ -56,17 +56,13 @@ int cmd_prune(struct cli *g, int argc, char **argv)
   };
   const char *tenant = NULL, *batch = NULL, *statuses = "{done,dead}", *older = NULL;
   char secs_buf[32], chunk_buf[24] = "5000";
-  int opt, done, rc;
+  int opt, rc;
   double secs = 0;
   long n;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_OLDER_THAN:
       if (cli_parse_duration(optarg, &secs) != 0)
@@ -85,8 +81,6 @@ int cmd_prune(struct cli *g, int argc, char **argv)
         return cli_usage_error(g, "--chunk must be an integer from 1 to 100000, not '%s'", optarg);
       snprintf(chunk_buf, sizeof chunk_buf, "%ld", n);
       break;
-    default:
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (optind < argc)

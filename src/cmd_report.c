@@ -32,15 +32,11 @@ int cmd_report(struct cli *g, int argc, char **argv)
   };
   const char *tenants[MAX_TENANTS], *batch = NULL;
   size_t ntenants = 0;
-  int as_json = 0, opt, done, rc;
+  int as_json = 0, opt, rc;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_TENANT:
       if (ntenants == MAX_TENANTS)
@@ -49,8 +45,6 @@ int cmd_report(struct cli *g, int argc, char **argv)
       break;
     case OPT_BATCH: batch = optarg; break;
     case OPT_JSON: as_json = 1; break;
-    default:
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (optind < argc)

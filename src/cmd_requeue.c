@@ -81,19 +81,15 @@ int cmd_requeue(struct cli *g, int argc, char **argv)
     { NULL, 0, NULL, 0 },
   };
   const char *tenant = NULL, *batch = NULL;
-  int dead = 0, opt, done, rc;
+  int dead = 0, opt, rc;
   long id;
   /* The ids as a bigint[] literal: digits and commas only, built from parsed numbers. */
   char *ids = NULL;
   size_t ids_len = 0;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       goto out_args;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_DEAD: dead = 1; break;
     case OPT_ID: {
@@ -112,9 +108,6 @@ int cmd_requeue(struct cli *g, int argc, char **argv)
     }
     case OPT_TENANT: tenant = optarg; break;
     case OPT_BATCH: batch = optarg; break;
-    default:
-      rc = cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
-      goto out_args;
     }
   }
   if (optind < argc) {

@@ -76,17 +76,13 @@ int cmd_run(struct cli *g, int argc, char **argv)
     .lua_memory = 256u * 1024 * 1024,
   };
   const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
-  int ntenants = 0, opt, done, rc;
+  int ntenants = 0, opt, rc;
   long n;
   char worker[300];
   g->usage = run_usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_CONCURRENCY:
       if (cli_parse_int(optarg, 1, 10000, &n) != 0)
@@ -158,8 +154,6 @@ int cmd_run(struct cli *g, int argc, char **argv)
     case OPT_UNTIL_EMPTY:
       cfg.until_empty = 1;
       break;
-    default:
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (argc - optind != 1)
@@ -206,17 +200,11 @@ int cmd_check(struct cli *g, int argc, char **argv)
     { NULL, 0, NULL, 0 },
   };
   const char *lua_path[MAX_TENANTS];
-  int nlua_path = 0, opt, done, rc;
+  int nlua_path = 0, opt, rc;
   g->usage = check_usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
-    if (opt != OPT_LUA_PATH)
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     if (nlua_path == MAX_TENANTS)
       return cli_usage_error(g, "at most %d --lua-path options", MAX_TENANTS);
     lua_path[nlua_path++] = optarg;

@@ -109,16 +109,12 @@ int cmd_status(struct cli *g, int argc, char **argv)
     { NULL, 0, NULL, 0 },
   };
   const char *tenant = NULL, *batch = NULL, *interval_arg = NULL;
-  int as_json = 0, watch = 0, until_empty = 0, opt, done, rc;
+  int as_json = 0, watch = 0, until_empty = 0, opt, rc;
   double interval = 2;
   g->usage = usage;
-  opterr = 0;
-  while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    rc = cli_global_option(g, opt, optarg, &done);
-    if (done)
+  while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
+    if (opt == CLI_STOP)
       return rc;
-    if (rc == 1)
-      continue;
     switch (opt) {
     case OPT_TENANT: tenant = optarg; break;
     case OPT_BATCH: batch = optarg; break;
@@ -130,8 +126,6 @@ int cmd_status(struct cli *g, int argc, char **argv)
       interval_arg = optarg;
       break;
     case OPT_UNTIL_EMPTY: until_empty = 1; break;
-    default:
-      return cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
   if (optind < argc)
