@@ -19,8 +19,8 @@ DROP FUNCTION IF EXISTS {{obj:cycle}}(text, bigint[], int[], text[], float8[], t
 DROP FUNCTION IF EXISTS {{obj:claim}}(text, int, float8, text[], text);
 DROP FUNCTION IF EXISTS {{obj:settle}}(text, bigint[], int[], text[], float8[], text[], jsonb[]);
 
--- Rows: settled = true, one per outcome written (status = what it became; an outcome missing
--- from the answer was late); settled = false, one per task claimed; settled IS NULL, at most
+-- Rows: settled = true, one per outcome written (id, attempt, and status = what it became;
+-- an outcome missing from the answer was late); settled = false, one per task claimed; settled IS NULL, at most
 -- one, when the claim came back short: `waited` is then the seconds until the scope's next
 -- pending row becomes runnable (NULL: none).
 CREATE FUNCTION {{obj:cycle}}(p_owner text, p_ids bigint[], p_attempts int[],
@@ -65,11 +65,11 @@ BEGIN
                ORDER BY v.id) u
        WHERE q.id = u.id AND q.attempts = u.attempt AND q.lease_owner = p_owner
          AND q.status = 'leased'
-      RETURNING q.id, q.status
+      RETURNING q.id, q.attempts, q.status
     ), gone AS (
       DELETE FROM {{obj:steps}} st USING s WHERE st.task_id = s.id AND s.status = 'done'
     )
-    SELECT true, s.id, NULL::int, NULL::int, NULL::text, NULL::text, NULL::text, NULL::text,
+    SELECT true, s.id, s.attempts, NULL::int, NULL::text, NULL::text, NULL::text, NULL::text,
            NULL::float8, s.status
       FROM s;
   END IF;

@@ -168,50 +168,45 @@ static void drop_connection(struct lease *l, const char *why)
 static void heartbeat(struct lease *l)
 {
   struct host *h = l->h;
-  int64_t *ids = NULL;
-  int *attempts = NULL;
+  struct lease_key *keys = NULL;
   char *renewed = NULL;
   int n;
 
   pthread_mutex_lock(&h->mu);
   n = h->nheld;
   if (n > 0) {
-    ids = malloc((size_t)n * sizeof *ids);
-    attempts = malloc((size_t)n * sizeof *attempts);
+    keys = malloc((size_t)n * sizeof *keys);
     renewed = malloc((size_t)n);
-    if (ids && attempts && renewed)
-      for (int i = 0; i < n; i++) {
-        ids[i] = h->held[i]->id;
-        attempts[i] = h->held[i]->attempt;
-      }
+    if (keys && renewed)
+      for (int i = 0; i < n; i++)
+        keys[i] = (struct lease_key){ .id = h->held[i]->id, .attempt = h->held[i]->attempt };
   }
   pthread_mutex_unlock(&h->mu);
 
-  if (n > 0 && ids && attempts && renewed && l->conn) {
+  if (n > 0 && keys && renewed && l->conn) {
     char err[DB_ERR_MAX];
     double sent = task_now();
-    if (queue_heartbeat(l->q, l->conn, ids, attempts, n, renewed, err, sizeof err) == 0) {
+    if (queue_heartbeat(l->q, l->conn, keys, n, renewed, err, sizeof err) == 0) {
+      /* Tasks came and went while the beat was out: match by (id, attempt). */
       pthread_mutex_lock(&h->mu);
       for (int i = 0; i < h->nheld; i++) {
         struct task *t = h->held[i];
-        for (int j = 0; j < n; j++) {
-          if (ids[j] != t->id || attempts[j] != t->attempt)
-            continue;
-          if (renewed[j] == HEARTBEAT_RENEWED)
-            atomic_store(&t->lease_deadline, sent + h->cfg->visibility);
-          else if (renewed[j] == HEARTBEAT_LOST && !t->finished)
-            host_lose_lease(h, t, "heartbeat found the row no longer leased to this worker");
-          /* A finished task's row may just have been settled by the dispatcher; if the lease
-             was really taken, the fenced settle rejects the outcome and says so. */
-        }
+        int j = queue_keys_find(keys, n, t->id, t->attempt);
+        if (j < 0)
+          continue;
+        if (renewed[j] == HEARTBEAT_RENEWED)
+          atomic_store(&t->lease_deadline, sent + h->cfg->visibility);
+        else if (renewed[j] == HEARTBEAT_LOST && !t->finished)
+          host_lose_lease(h, t, "heartbeat found the row no longer leased to this worker");
+        /* A finished task's row may just have been settled by the dispatcher; if the lease
+           was really taken, the fenced settle rejects the outcome and says so. */
       }
       pthread_mutex_unlock(&h->mu);
     } else {
       drop_connection(l, err);
     }
   }
-  free(ids);
-  free(attempts);
+  free(keys);
   free(renewed);
   expire_locally(h);
 }

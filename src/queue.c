@@ -25,6 +25,7 @@ static char *format_sql2(const char *fmt, const char *a);
 static void text_add(struct text *b, const char *s, size_t n);
 static void text_add_quoted(struct text *b, const char *s);
 static char *int_array(const int64_t *v, const int *w, int n);
+static char *key_array(const struct lease_key *keys, int n, int attempts);
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
 
 struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
@@ -147,24 +148,34 @@ static int settle_arrays(struct task *list, int n, struct text a[6])
 }
 
 /* Sets applied[i] (SETTLED_*) for each task of list from the cycle's settled rows (id in
-   column 1, the status written in column 9); tasks no row names stay SETTLED_LATE. */
-static void mark_applied(PGresult *r, struct task *list, int n, char *applied)
+   column 1, attempt in 2, the status written in 9); tasks no row names stay SETTLED_LATE.
+   Returns 0, or -1 when out of memory. */
+static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
 {
+  struct lease_key *keys = malloc((size_t)n * sizeof *keys);
+  if (!keys)
+    return -1;
+  int i = 0;
+  for (struct task *t = list; t && i < n; t = t->next, i++)
+    keys[i] = (struct lease_key){ .id = t->id, .attempt = t->attempt, .pos = i };
+  queue_keys_sort(keys, n);
   memset(applied, SETTLED_LATE, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
     if (PQgetisnull(r, row, 0) || strcmp(PQgetvalue(r, row, 0), "t") != 0)
       continue;
-    long long id = strtoll(PQgetvalue(r, row, 1), NULL, 10);
+    int k = queue_keys_find(keys, n, strtoll(PQgetvalue(r, row, 1), NULL, 10),
+                            atoi(PQgetvalue(r, row, 2)));
+    if (k < 0)
+      continue;
     const char *status = PQgetvalue(r, row, 9);
-    char got = strcmp(status, "done") == 0      ? SETTLED_DONE
-               : strcmp(status, "pending") == 0 ? SETTLED_PENDING
-                                                : SETTLED_DEAD;
-    int i = 0;
-    for (struct task *t = list; t && i < n; t = t->next, i++)
-      if (t->id == id)
-        applied[i] = got;
+    applied[keys[k].pos] = strcmp(status, "done") == 0      ? SETTLED_DONE
+                           : strcmp(status, "pending") == 0 ? SETTLED_PENDING
+                                                            : SETTLED_DEAD;
   }
+  free(keys);
+  return 0;
 }
+
 
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
@@ -186,8 +197,11 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
     free(a[k].s);
   if (!r)
     return -1;
-  if (n > 0)
-    mark_applied(r, list, n, applied);
+  if (n > 0 && mark_applied(r, list, n, applied) != 0) {
+    /* Written, but which outcome matched is unknown: report none as written (counted
+       nowhere, no late warnings); the rows themselves are settled. */
+    memset(applied, -1, (size_t)n);
+  }
   int claimed = 0;
   struct task **tail = out;
   *next_due = -1;
@@ -213,10 +227,11 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   return claimed;
 }
 
-int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
-                    char *renewed, char *err, size_t errlen)
+int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, char *renewed,
+                    char *err, size_t errlen)
 {
-  char *id_list = int_array(ids, NULL, n), *att_list = int_array(NULL, attempts, n);
+  queue_keys_sort(keys, n);
+  char *id_list = key_array(keys, n, 0), *att_list = key_array(keys, n, 1);
   int rc = -1;
   if (!id_list || !att_list) {
     snprintf(err, errlen, "out of memory building a heartbeat");
@@ -229,10 +244,11 @@ int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *a
   memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
     long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
-    int ok = strcmp(PQgetvalue(r, row, 1), "t") == 0;
-    for (int i = 0; i < n; i++)
-      if (ids[i] == id)
-        renewed[i] = ok ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;
+    char answer = strcmp(PQgetvalue(r, row, 1), "t") == 0 ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;
+    /* One row per id; should a task be held twice (a lost lease and its re-claim), both
+       entries get the answer. */
+    for (int k = queue_keys_find(keys, n, id, -1); k >= 0 && k < n && keys[k].id == id; k++)
+      renewed[k] = answer;
   }
   PQclear(r);
   rc = 0;
@@ -240,6 +256,35 @@ out:
   free(id_list);
   free(att_list);
   return rc;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+  const struct lease_key *x = a, *y = b;
+  if (x->id != y->id)
+    return x->id < y->id ? -1 : 1;
+  return (x->attempt > y->attempt) - (x->attempt < y->attempt);
+}
+
+void queue_keys_sort(struct lease_key *keys, int n)
+{
+  if (n > 1)
+    qsort(keys, (size_t)n, sizeof *keys, key_cmp);
+}
+
+int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int attempt)
+{
+  int lo = 0, hi = n;   /* the first key >= (id, attempt); a negative attempt sorts first */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (keys[mid].id < id || (keys[mid].id == id && keys[mid].attempt < attempt))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo < n && keys[lo].id == id && (attempt < 0 || keys[lo].attempt == attempt))
+    return lo;
+  return -1;
 }
 
 int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen)
@@ -464,6 +509,25 @@ static void text_add_quoted(struct text *b, const char *s)
     text_add(b, p, 1);
   }
   text_add(b, "\"", 1);
+}
+
+/* {id,...} (attempts = 0) or {attempt,...} (1) of keys, as an array literal. */
+static char *key_array(const struct lease_key *keys, int n, int attempts)
+{
+  struct text b = { 0 };
+  char num[32];
+  text_add(&b, "{", 1);
+  for (int i = 0; i < n; i++) {
+    snprintf(num, sizeof num, "%s%lld", i ? "," : "",
+             attempts ? (long long)keys[i].attempt : (long long)keys[i].id);
+    text_add(&b, num, strlen(num));
+  }
+  text_add(&b, "}", 1);
+  if (b.oom) {
+    free(b.s);
+    return NULL;
+  }
+  return b.s;
 }
 
 static char *int_array(const int64_t *v, const int *w, int n)

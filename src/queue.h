@@ -38,13 +38,28 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
                 char *err, size_t errlen);
 
+/* A lease by its fence: the task's id and the attempt it was claimed as. `pos` is free for
+   the caller (an index into its own arrays). */
+struct lease_key {
+  int64_t id;
+  int attempt;
+  int pos;
+};
+
+/* Sorts keys by (id, attempt), so that lookups cost log n (a process may hold thousands). */
+void queue_keys_sort(struct lease_key *keys, int n);
+
+/* The index in sorted keys of (id, attempt), or of the first key with that id when attempt
+   is negative; -1 when absent. */
+int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int attempt);
+
 enum { HEARTBEAT_LOST = 0, HEARTBEAT_RENEWED = 1, HEARTBEAT_UNKNOWN = 2 };
 
-/* Renews the leases of ids/attempts (n of them). renewed[i]: HEARTBEAT_RENEWED; _LOST when
-   the row is no longer ours; _UNKNOWN when it was locked (being settled) or is gone, which
-   the next beat or the local deadline decides. */
-int queue_heartbeat(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
-                    char *renewed, char *err, size_t errlen);
+/* Renews the leases of keys (n of them, sorted here in place). renewed[i], for keys[i]:
+   HEARTBEAT_RENEWED; _LOST when the row is no longer ours; _UNKNOWN when it was locked (being
+   settled) or is gone, which the next beat or the local deadline decides. */
+int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, char *renewed,
+                    char *err, size_t errlen);
 
 /* Expired leases back to pending (or dead); returns how many, or -1. */
 int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen);

@@ -22,4 +22,5 @@ leash_sh_test(deploy "db" manifests_validate_against_kubernetes_schemas configma
 leash_sh_test(demo "db" demo_short_variant_report_matches_sql)
 leash_c_test(enqueue nul_byte_after_a_token_is_refused copy_row_escapes_copy_specials)
 leash_c_test(cli durations_take_the_documented_units durations_too_large_for_a_double_are_refused ints_are_whole_and_in_range)
+leash_c_test(queue keys_are_found_by_id_and_attempt empty_and_single_key_sets)
 leash_sh_test(chaos "db;chaos" short_soak_keeps_every_invariant)

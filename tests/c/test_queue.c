@@ -1,0 +1,61 @@
+/*
+ * test_queue: the lease-key lookups that match a heartbeat's and a settle's answers to the
+ * tasks a process holds (queue_keys_sort, queue_keys_find): by (id, attempt), or by id alone.
+ */
+#include <stdlib.h>
+
+#include "check.h"
+#include "queue.h"
+
+static void keys_are_found_by_id_and_attempt(void)
+{
+  enum { N = 1000 };
+  struct lease_key *k = malloc(N * sizeof *k);
+  CHECK(k != NULL);
+  /* Ids in a scrambled order, each twice (attempts 1 and 2) but 7 only once. */
+  int n = 0;
+  for (int i = 0; i < N / 2; i++) {
+    int64_t id = (int64_t)((i * 7919) % (N / 2)) + 1;
+    k[n++] = (struct lease_key){ .id = id, .attempt = 2 };
+    if (id != 7)
+      k[n++] = (struct lease_key){ .id = id, .attempt = 1 };
+  }
+  queue_keys_sort(k, n);
+  for (int i = 1; i < n; i++)
+    CHECK(k[i - 1].id < k[i].id || (k[i - 1].id == k[i].id && k[i - 1].attempt < k[i].attempt));
+  int j = queue_keys_find(k, n, 42, 2);
+  CHECK(j >= 0);
+  CHECK_INT_EQ(k[j].id, 42);
+  CHECK_INT_EQ(k[j].attempt, 2);
+  j = queue_keys_find(k, n, 42, -1);   /* by id: the first of its keys */
+  CHECK(j >= 0);
+  CHECK_INT_EQ(k[j].attempt, 1);
+  CHECK_INT_EQ(queue_keys_find(k, n, 7, 1), -1);
+  CHECK(queue_keys_find(k, n, 7, 2) >= 0);
+  CHECK_INT_EQ(queue_keys_find(k, n, 0, -1), -1);
+  CHECK_INT_EQ(queue_keys_find(k, n, N, -1), -1);
+  CHECK_INT_EQ(queue_keys_find(k, n, 42, 3), -1);
+  free(k);
+}
+
+static void empty_and_single_key_sets(void)
+{
+  struct lease_key one = { .id = 5, .attempt = 1 };
+  CHECK_INT_EQ(queue_keys_find(NULL, 0, 5, 1), -1);
+  queue_keys_sort(&one, 1);
+  CHECK_INT_EQ(queue_keys_find(&one, 1, 5, 1), 0);
+  CHECK_INT_EQ(queue_keys_find(&one, 1, 5, -1), 0);
+  CHECK_INT_EQ(queue_keys_find(&one, 1, 4, -1), -1);
+  CHECK_INT_EQ(queue_keys_find(&one, 1, 6, 1), -1);
+}
+
+static const struct check_case cases[] = {
+  { "keys_are_found_by_id_and_attempt", keys_are_found_by_id_and_attempt },
+  { "empty_and_single_key_sets", empty_and_single_key_sets },
+  { NULL, NULL }
+};
+
+int main(int argc, char **argv)
+{
+  return check_main(cases, argc, argv);
+}
