@@ -124,6 +124,9 @@ void cli_close(PGconn *conn, struct db_table *t)
 int cli_parse_int(const char *s, long min, long max, long *out)
 {
   char *end;
+  /* Digits with an optional minus, nothing else: strtol would also take " 7" and "+7". */
+  if (!(*s >= '0' && *s <= '9') && !(*s == '-' && s[1] >= '0' && s[1] <= '9'))
+    return -1;
   errno = 0;
   long v = strtol(s, &end, 10);
   if (errno || end == s || *end != '\0' || v < min || v > max)

@@ -70,6 +70,10 @@ static void ints_are_whole_and_in_range(void)
   CHECK_INT_EQ(cli_parse_int("1.5", 1, 10, &v), -1);
   CHECK_INT_EQ(cli_parse_int("", 1, 10, &v), -1);
   CHECK_INT_EQ(cli_parse_int("5x", 1, 10, &v), -1);
+  CHECK_INT_EQ(cli_parse_int(" 5", 1, 10, &v), -1);
+  CHECK_INT_EQ(cli_parse_int("+5", 1, 10, &v), -1);
+  CHECK_INT_EQ(cli_parse_int("-", -10, 10, &v), -1);
+  CHECK_INT_EQ(cli_parse_int("\t5", 1, 10, &v), -1);
   CHECK_INT_EQ(v, 42);
 }
 

@@ -6,8 +6,8 @@
  *   duration: decimal digits with at most one '.', then nothing, "s", "ms", "m", "h" or
  *   "d"; the result is that many seconds, finite and >= 0 (text whose value overflows or
  *   underflows a double is refused);
- *   int: what strtol reads in base 10 as the whole string (leading white space and a sign
- *   included), within [min, max].
+ *   int: decimal digits with an optional leading '-' (no white space, no '+'), the whole
+ *   string, within [min, max] and long's range.
  * A refused value leaves *out as it was.
  */
 #include <errno.h>
@@ -108,9 +108,7 @@ static int expect_int(const char *s, long min, long max, long *want)
   unsigned long mag = 0, limit;
   int neg = 0, digits = 0;
 
-  while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
-    s++;
-  if (*s == '+' || *s == '-')
+  if (*s == '-')
     neg = *s++ == '-';
   limit = neg ? (unsigned long)LONG_MAX + 1 : (unsigned long)LONG_MAX;
   for (; *s >= '0' && *s <= '9'; s++, digits++) {
