@@ -137,7 +137,8 @@ static void push_value(lua_State *L, const json_t *j, int mt)
     size_t keylen;
     json_t *v;
     size_t n = json_object_size(j);
-    luaL_checkstack(L, 3, "JSON nesting");
+    if (!lua_checkstack(L, 3))   /* depth is capped far below the stack's limit: memory */
+      luaL_error(L, "not enough memory for JSON");
     lua_createtable(L, 0, n > INT_MAX ? INT_MAX : (int)n);
     /* the foreach macro wants a non-const object; it only reads it */
     json_object_keylen_foreach((json_t *)j, key, keylen, v) {
@@ -149,7 +150,8 @@ static void push_value(lua_State *L, const json_t *j, int mt)
   }
   case JSON_ARRAY: {
     size_t n = json_array_size(j);
-    luaL_checkstack(L, 2, "JSON nesting");
+    if (!lua_checkstack(L, 2))   /* depth is capped far below the stack's limit: memory */
+      luaL_error(L, "not enough memory for JSON");
     lua_createtable(L, n > INT_MAX ? INT_MAX : (int)n, 0);
     for (size_t i = 0; i < n; i++) {
       push_value(L, json_array_get(j, i), mt);

@@ -21,6 +21,7 @@ struct script {
   const struct script_host *host;
   int handle_ref;
   size_t mem_used, mem_limit;
+  int refused;                 /* the cap refused an allocation during the current task */
   struct task *current;
   double deadline;             /* monotonic; 0 = none */
   const char *abort_reason;    /* set by the hook when it stops a task */
@@ -185,14 +186,19 @@ void script_run(struct script *s, struct task *t)
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->handle_ref);
   push_task(L, s, t);
   lua_sethook(L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  s->refused = 0;
   int rc = lua_pcall(L, 1, LUA_MULTRET, base);
   lua_sethook(L, NULL, 0, 0);
   t->duration = task_now() - start;
+  /* Judged by the allocator, not by the error's status: C code (leash.json, a pcall that
+     re-raises) may pass a memory error on as an ordinary one, and a script may catch it. */
   if (rc == LUA_OK) {
     read_outcome(s, t, base, lua_gettop(L) - base);
+    if (s->refused)
+      s->broken = 1;   /* the script caught it: its outcome stands, the state is rebuilt */
   } else {
     t->kind = OUTCOME_RETRY;
-    if (rc == LUA_ERRMEM) {
+    if (rc == LUA_ERRMEM || s->refused) {
       s->broken = 1;
       char msg[96];
       snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)",
@@ -548,8 +554,10 @@ static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     s->mem_used -= old;
     return NULL;
   }
-  if (s->mem_limit && nsize > old && s->mem_used + (nsize - old) > s->mem_limit)
+  if (s->mem_limit && nsize > old && s->mem_used + (nsize - old) > s->mem_limit) {
+    s->refused = 1;
     return NULL;
+  }
   void *p = realloc(ptr, nsize);
   if (p)
     s->mem_used = s->mem_used - old + nsize;

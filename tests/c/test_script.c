@@ -126,6 +126,23 @@ static void memory_cap_fails_the_task_not_the_process(void)
   script_free(s);
 }
 
+/* A memory error the script catches (here one raised inside C, by leash.json.decode) keeps
+   the script's outcome, but the state that ran into the cap is rebuilt before the next task. */
+static void memory_error_caught_by_the_script_still_rebuilds_the_state(void)
+{
+  struct script_host h = host(0, 8u * 1024 * 1024);
+  char err[1024];
+  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
+  CHECK(s != NULL);
+  struct task *t = new_task("{\"kind\":\"memory_swallowed\"}");
+  script_run(s, t);
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK_STR_EQ(t->result, "{\"caught\":true}");
+  CHECK(script_broken(s));
+  task_free(t);
+  script_free(s);
+}
+
 static void sandbox_exposes_no_process_control(void)
 {
   struct script_host h = host(0, 0);
@@ -208,6 +225,8 @@ int main(int argc, char **argv)
     { "unexpected_return_is_a_contract_error", unexpected_return_is_a_contract_error },
     { "timeout_survives_script_pcall", timeout_survives_script_pcall },
     { "memory_cap_fails_the_task_not_the_process", memory_cap_fails_the_task_not_the_process },
+    { "memory_error_caught_by_the_script_still_rebuilds_the_state",
+      memory_error_caught_by_the_script_still_rebuilds_the_state },
     { "sandbox_exposes_no_process_control", sandbox_exposes_no_process_control },
     { "payload_types_arrive_as_lua_values", payload_types_arrive_as_lua_values },
     { "bad_scripts_are_refused_with_the_lua_error", bad_scripts_are_refused_with_the_lua_error },
