@@ -368,7 +368,10 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
   if (!steps)
     return -1;
   s->step_get = format_sql("SELECT result::text FROM %s WHERE task_id = $1 AND name = $2", steps);
-  /* Fenced: only the lease holder of this attempt can store a step. */
+  /* Fenced: only the lease holder of this attempt can store a step. The row is locked (FOR
+     SHARE) so the check cannot be read from a snapshot older than a takeover in flight: the
+     write waits for that commit, then sees the new owner. A lease past its end (not yet
+     reaped) stores nothing either. The same holds for enqueue below. */
   size_t n = strlen(steps) + strlen(t->qualified) + 512;
   s->step_put = malloc(n);
   if (s->step_put)
@@ -376,7 +379,8 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
              "INSERT INTO %s (task_id, name, result, attempt) "
              "SELECT $1, $2, $3::jsonb, $4 FROM %s q "
              " WHERE q.id = $1 AND q.attempts = $4 AND q.lease_owner = $5 "
-             "   AND q.status = 'leased' "
+             "   AND q.status = 'leased' AND q.locked_until > now() "
+             "   FOR SHARE OF q "
              "ON CONFLICT (task_id, name) DO NOTHING RETURNING 1", steps, t->qualified);
   /* A child task: the parent's tenant and batch unless given; a shard of its own unless
      given. Written only while the parent's lease holds ($9 id, $10 owner, $11 attempt). */
@@ -390,7 +394,8 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
              "       coalesce($5::int, 8), CASE WHEN $6::boolean THEN $7 ELSE p.batch END "
              "  FROM %s p, (SELECT nextval(pg_get_serial_sequence($8, 'id')) AS id) n "
              " WHERE p.id = $9 AND p.lease_owner = $10 AND p.attempts = $11 "
-             "   AND p.status = 'leased' "
+             "   AND p.status = 'leased' AND p.locked_until > now() "
+             "   FOR SHARE OF p "
              "RETURNING id", t->qualified, t->qualified);
   free(steps);
   if (!s->step_get || !s->step_put || !s->enqueue) {

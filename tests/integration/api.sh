@@ -284,6 +284,40 @@ case_enqueue_children_fenced() {
   assert_no_sanitizer_reports
 }
 
+# The fence against a takeover in flight: another session has moved the task's row to a new
+# owner but not committed yet when the script stores a step and enqueues a child. Both writes
+# lock the row, so they wait for that commit, then see the new owner and are refused; read
+# from a snapshot taken before the commit, they went through (found by the chaos soak: a step
+# stored for attempt 1 after attempt 2 had taken the lease).
+case_fence_holds_against_a_takeover_in_flight() {
+  api_setup
+  q "create table go (x int)" >/dev/null
+  local id
+  id=$(enqueue_one '{}')
+  start_worker A "$API/fence_race.lua" --concurrency 1 --visibility 60s --heartbeat 20s --poll-ms 20-50
+  wait_for "the task to be leased" 30 q_true "select status = 'leased' from agent_work_queue where id = $id"
+  PGAPPNAME=thief psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >"$T_TMP/thief.out" 2>&1 <<SQL &
+BEGIN;
+UPDATE agent_work_queue SET lease_owner = 'thief', attempts = attempts + 1 WHERE id = $id;
+SELECT pg_sleep(2);
+COMMIT;
+SQL
+  local thief=$!
+  t_on_exit t_kill "$thief"
+  wait_for "the takeover to be in flight" 10 q_true \
+    "select count(*) = 1 from pg_stat_activity where application_name = 'thief' and query like '%pg_sleep%'"
+  q "insert into go values (1)" >/dev/null
+  wait_for "the script's report" 20 log_has A "race enqueue:"
+  wait "$thief" || fail "the takeover session failed: $(<"$T_TMP/thief.out")"
+  assert_contains "leash.step during the takeover" "$(grep -F "race step:" "$T_TMP/A.log")" "ok=false"
+  assert_contains "leash.step during the takeover" "$(grep -F "race step:" "$T_TMP/A.log")" "lease lost"
+  assert_contains "leash.enqueue during the takeover" "$(grep -F "race enqueue:" "$T_TMP/A.log")" "ok=false"
+  assert_eq "steps stored" "$(q 'select count(*) from agent_work_queue_steps')" 0
+  assert_eq "tasks in the queue (no child)" "$(q 'select count(*) from agent_work_queue')" 1
+  assert_eq "the row belongs to the thief" "$(row "$id" "status || '|' || lease_owner")" "leased|thief"
+  assert_no_sanitizer_reports
+}
+
 # ------------------------------------------------------------------ limits
 # --lua-memory and --task-timeout: a task that allocates forever and tasks that loop forever
 # (also inside pcall) fail as retries with a clear last_error, and go dead after
