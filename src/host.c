@@ -20,6 +20,7 @@
 #define CLAIM_TIMEOUT_MS 5000
 #define RECONNECT_MAX_S 5.0
 #define START_WAIT_S 60.0
+#define EMPTY_RECHECK_MIN_S 0.01
 #define SLOT_STACK (512 * 1024)
 #define PROGRESS_EVERY_S 10.0
 #define IDLE_POLL_MAX_S 5.0
@@ -275,6 +276,10 @@ static int dispatch(struct dispatcher *d)
   long long progress_settled = 0;
   int more = 1;   /* the last claim was full: more work is likely waiting */
   double idle_poll = 0;   /* grows while claims come back empty; see next_idle_poll */
+  /* --until-empty, while the scope is open only through other workers' leases: look again
+     soon (they are likely about to settle) and less often the longer it lasts, up to the
+     normal poll. Without it, the last workers of a drain idled up to --poll-ms each. */
+  double empty_wait = EMPTY_RECHECK_MIN_S;
   int released = 0;
 
   for (;;) {
@@ -287,6 +292,7 @@ static int dispatch(struct dispatcher *d)
     h->wake = 0;
     pthread_mutex_unlock(&h->mu);
     double now = task_now();
+    int want = 0;   /* tasks to claim: idle slots plus the ready buffer's shortfall */
     if (now >= next_progress) {
       next_progress = now + PROGRESS_EVERY_S;
       progress_settled = log_progress(d, progress_settled);
@@ -314,7 +320,7 @@ static int dispatch(struct dispatcher *d)
         continue;
       }
     } else {
-      int want = idle + ready_target(d) - nready;
+      want = idle + ready_target(d) - nready;
       if (want > cfg->claim_batch)
         want = cfg->claim_batch;
       int claim_now = want > 0 && (more || woken || finished || now >= next_poll);
@@ -349,15 +355,25 @@ static int dispatch(struct dispatcher *d)
           }
           if (open < 0)
             connection_failed(d, "until-empty check", err);
-          next_empty_check = now + (double)cfg->poll_min_ms / 1000.0;
+          next_empty_check = now + empty_wait;
+          if (next_empty_check < next_poll)
+            next_poll = next_empty_check;
+          empty_wait *= 2;
+          if (empty_wait > (double)cfg->poll_min_ms / 1000.0)
+            empty_wait = (double)cfg->poll_min_ms / 1000.0;
         }
+        if (got > 0)
+          empty_wait = EMPTY_RECHECK_MIN_S;
         if (got > 0 || finished)
           continue;
       }
     }
 
-    /* Nothing to do right now: wait for a slot to finish, a wake-up or the next deadline. */
-    double until = next_poll < next_progress ? next_poll : next_progress;
+    /* Nothing to do right now: wait for a slot to finish, a wake-up or the next deadline.
+       The poll is a deadline only while there is room to claim into: with every slot busy
+       and the buffer full, a poll time already past would make this loop spin until a slot
+       finished (it did: a third of a one-row worker's CPU went to clock_gettime). */
+    double until = want > 0 && next_poll < next_progress ? next_poll : next_progress;
     if (draining)
       until = released ? now + 0.1 : d->drain_deadline;
     pthread_mutex_lock(&h->mu);
