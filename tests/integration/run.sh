@@ -433,4 +433,39 @@ case_connections_do_not_grow_with_slots() {
   assert_no_sanitizer_reports
 }
 
+# A worker whose slots are all busy waits for one to finish; it does not poll in a loop. Two
+# slots each sleep 3 s in leash.sleep: over that time the process may use a fraction of a
+# core-second. (The dispatcher once spun on clock_gettime here, a whole core, whenever its
+# poll time had passed while no slot was free.)
+case_busy_slots_do_not_spin() {
+  run_setup
+  {
+    printf '{"payload":{"min":3,"max":3}}\n'
+    printf '{"payload":{"min":3,"max":3}}\n'
+  } >"$T_TMP/tasks.jsonl"
+  enqueue_file "$T_TMP/tasks.jsonl" 2
+  start_worker A "$FIX/sleep.lua" --concurrency 2 --poll-ms 20-50
+  local pid=${W_PID[A]}
+  wait_for "both slots to be busy" 20 q_true "select count(*) = 2 from agent_work_queue where status = 'leased'"
+  local t0 t1 ticks
+  t0=$(_cpu_ticks "$pid")
+  sleep 2
+  t1=$(_cpu_ticks "$pid")
+  ticks=$(getconf CLK_TCK)
+  echo "# CPU while both slots slept: $((t1 - t0)) ticks of 1/$ticks s in 2 s" >&2
+  # Under valgrind or a sanitizer everything costs more; a spin costs a whole core.
+  (((t1 - t0) * 4 < ticks * 2)) || fail "the worker used $((t1 - t0))/$ticks s of CPU in 2 s with every slot asleep"
+  assert_no_sanitizer_reports
+}
+
+# _cpu_ticks PID: user + system time of PID so far, in clock ticks.
+_cpu_ticks() {
+  local stat
+  stat=$(<"/proc/$1/stat")
+  stat=${stat##*) }
+  local -a f
+  read -r -a f <<<"$stat"
+  echo $((f[11] + f[12]))
+}
+
 t_run "$@"
