@@ -105,6 +105,7 @@ static PGresult *exec_result(PGconn *c, PGresult *r, char *err, size_t errlen)
   ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
   if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
     last_sqlstate[0] = '\0';
+    last_transient = 0;
     return r;
   }
   /* A NULL SQLSTATE means the client itself saw the failure (lost connection, memory). */
