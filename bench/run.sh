@@ -331,29 +331,42 @@ w_latency() {
   nap "$LAT_SETTLE"   # let it settle into its idle loop
   # The driver: one psql session, one plain INSERT every 20 ms on a fixed schedule (a missed
   # tick is sent at once, not skipped). Sleeps are `read -t` on a fifo: no fork per row.
+  # psql's \timing gives each INSERT's own duration (its commit included), in row order.
   mkfifo "$WORK/tick"
   (
     exec {tick}<>"$WORK/tick"
+    echo '\timing on'
     start_us=$(now_us)
     for ((j = 0; j < total; j++)); do
       d=$((start_us + j * LAT_INTERVAL_MS * 1000 - $(now_us)))
       if ((d > 0)); then read -r -t "$((d / 1000000)).$(printf %06d $((d % 1000000)))" -u "$tick" || true; fi
       printf "INSERT INTO agent_work_queue (tenant_id, shard_key, payload) VALUES ('bench', 'l%d', '{\"i\": %d}');\n" "$j" "$j"
     done
-  ) | psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >/dev/null
+  ) | psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >"$WORK/latency.timing"
   wait_until "every row to be picked up" 30 q_true "SELECT count(*) = $total FROM agent_work_queue WHERE status = 'done'"
   stop latency "$pid"
-  local r n p50 p95 p99 max
-  r=$(q "WITH l AS (SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms FROM agent_work_queue)
+  # The INSERTs' durations, row j in line j + 1, into a table beside the queue's rows.
+  awk '/^Time: / { printf "%d\t%s\n", n++, $2 }' "$WORK/latency.timing" >"$WORK/latency.tsv"
+  psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
+    -c "CREATE TABLE bench_insert (j int PRIMARY KEY, ms float8 NOT NULL)" \
+    -c "\\copy bench_insert FROM '$WORK/latency.tsv'" >/dev/null
+  local r n p50 p95 p99 max i50 i99 a50 a99
+  r=$(q "WITH l AS (SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms, i.ms AS ins
+                      FROM agent_work_queue q
+                      LEFT JOIN bench_insert i ON i.j = substr(q.shard_key, 2)::int)
          SELECT count(*),
                 round(percentile_cont(0.50) WITHIN GROUP (ORDER BY ms)::numeric, 2),
                 round(percentile_cont(0.95) WITHIN GROUP (ORDER BY ms)::numeric, 2),
                 round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2),
-                round(max(ms)::numeric, 2)
+                round(max(ms)::numeric, 2),
+                round(percentile_cont(0.50) WITHIN GROUP (ORDER BY ins)::numeric, 2),
+                round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ins)::numeric, 2),
+                round(percentile_cont(0.50) WITHIN GROUP (ORDER BY ms - ins)::numeric, 2),
+                round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms - ins)::numeric, 2)
            FROM l")
-  IFS='|' read -r n p50 p95 p99 max <<<"$r"
+  IFS='|' read -r n p50 p95 p99 max i50 i99 a50 a99 <<<"$r"
   fig latency "p50 $p50 ms, p99 $p99 ms" \
-    "pickup (started_at - created_at) of $n rows, 1 INSERT per ${LAT_INTERVAL_MS} ms for ${LAT_SECONDS} s, C=$C idle slots: p50 $p50 / p95 $p95 / p99 $p99 / max $max ms"
+    "pickup (started_at - created_at) of $n rows, 1 INSERT per ${LAT_INTERVAL_MS} ms for ${LAT_SECONDS} s, C=$C idle slots: p50 $p50 / p95 $p95 / p99 $p99 / max $max ms; of which the INSERT's own statement and commit (psql \\timing) p50 $i50 / p99 $i99 ms; pickup after the INSERT returned p50 $a50 / p99 $a99 ms"
   dropdb
 }
 
