@@ -458,6 +458,50 @@ case_busy_slots_do_not_spin() {
   assert_no_sanitizer_reports
 }
 
+# The wake-up (NOTIFY) reaches idle workers. With a 3 s poll, a missed wake-up shows as a
+# pickup of seconds: (1) an insert into an empty queue; (2) an insert on a free shard behind
+# a backlog of rows whose shard is busy (a rule "notify only when the backlog was empty"
+# would skip this one); (3) a burst of 50 rows from 5 parallel producers, each row its own
+# transaction, is all picked up.
+case_wakeups_reach_idle_workers() {
+  run_setup
+  start_worker A "$FIX/record.lua" --concurrency 3 --poll-ms 3000-3000
+  wait_for "A to run" 20 log_has A "running 3 slots"
+  sleep 4   # past the first poll: from here on only a NOTIFY wakes A quickly
+  _pickup_ms() {
+    q "select round(extract(epoch from e.started - q.created_at) * 1000)
+         from agent_work_queue q join execs e on e.task_id = q.id where q.shard_key = '$1'
+        order by e.started limit 1"
+  }
+  q "insert into agent_work_queue (tenant_id, shard_key, payload) values ('default', 'first', '{}')" >/dev/null
+  wait_for "the first row to run" 5 q_true "select count(*) = 1 from execs e join agent_work_queue q on q.id = e.task_id where q.shard_key = 'first'"
+  local ms
+  ms=$(_pickup_ms first)
+  echo "# pickup into an empty queue: $ms ms" >&2
+  ((ms < 1500)) || fail "an insert into an empty queue waited $ms ms (no wake-up?)"
+  # A busy shard with a backlog, then a row on a free shard.
+  q "insert into agent_work_queue (tenant_id, shard_key, payload)
+       select 'default', 'busy', '{\"sleep\": 6}' from generate_series(1, 4)" >/dev/null
+  wait_for "the busy shard's first row to run" 10 q_true "select count(*) = 1 from agent_work_queue where shard_key = 'busy' and status = 'leased'"
+  sleep 4
+  q "insert into agent_work_queue (tenant_id, shard_key, payload) values ('default', 'free', '{}')" >/dev/null
+  wait_for "the free shard's row to run" 5 q_true "select count(*) = 1 from execs e join agent_work_queue q on q.id = e.task_id where q.shard_key = 'free'"
+  ms=$(_pickup_ms free)
+  echo "# pickup behind a blocked backlog: $ms ms" >&2
+  ((ms < 1500)) || fail "a row on a free shard behind a blocked backlog waited $ms ms"
+  # A burst from parallel producers.
+  local i pids=()
+  for i in $(seq 1 5); do
+    ( for j in $(seq 1 10); do
+        echo "insert into agent_work_queue (tenant_id, shard_key, payload) values ('default', 'burst$i-$j', '{}');"
+      done ) | psql -X -q -d "$DATABASE_URL" >/dev/null &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  wait_for "the burst to be done" 20 q_true "select count(*) = 50 from agent_work_queue where shard_key like 'burst%' and status = 'done'"
+  assert_no_sanitizer_reports
+}
+
 # _cpu_ticks PID: user + system time of PID so far, in clock ticks.
 _cpu_ticks() {
   local stat
