@@ -71,14 +71,17 @@ static inline int fuzz_panic(lua_State *L)
 }
 
 /* Whether a failed lua_pcall is what running out of memory looks like: LUA_ERRMEM, or the
-   "stack overflow (...)" runtime error luaL_checkstack raises when the stack cannot grow
-   (lua_checkstack reports a failed allocation as a plain 0). */
+   runtime error raised when the stack cannot grow (lua_checkstack reports a failed
+   allocation as a plain 0): "not enough memory for JSON" from json_lua.c, or the "stack
+   overflow (...)" of luaL_checkstack. */
 static inline int fuzz_memory_error(lua_State *L, int status)
 {
   const char *msg = lua_tostring(L, -1);
   if (status == LUA_ERRMEM)
     return 1;
-  return status == LUA_ERRRUN && msg != NULL && strncmp(msg, "stack overflow (", 16) == 0;
+  return status == LUA_ERRRUN && msg != NULL &&
+         (strncmp(msg, "not enough memory", 17) == 0 ||
+          strncmp(msg, "stack overflow (", 16) == 0);
 }
 
 /* A bare state (no libraries: the code under test needs none). For one input in four the
