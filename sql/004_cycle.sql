@@ -1,3 +1,5 @@
+-- History: this first cycle called <table>_claim and <table>_settle, which are not created
+-- any more; a fresh database replaces it with 007's in the same migrate transaction.
 -- One round trip per dispatcher cycle: settle the outcomes that finished and claim the next
 -- rows in the same transaction, so a busy worker pays one commit per cycle instead of two.
 -- The claim runs after the settle, in statements of its own (fresh snapshots), so a shard

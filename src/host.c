@@ -677,21 +677,17 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
 static void release_running(struct dispatcher *d)
 {
   struct host *h = d->h;
-  int64_t *ids = NULL;
-  int *atts = NULL, n = 0;
+  struct lease_key *keys = NULL;
+  int n = 0;
   pthread_mutex_lock(&h->mu);
-  if (h->nheld > 0) {
-    ids = malloc((size_t)h->nheld * sizeof *ids);
-    atts = malloc((size_t)h->nheld * sizeof *atts);
-  }
-  for (int i = 0; ids && atts && i < h->nheld; i++) {
+  if (h->nheld > 0)
+    keys = malloc((size_t)h->nheld * sizeof *keys);
+  for (int i = 0; keys && i < h->nheld; i++) {
     struct task *t = h->held[i];
     if (atomic_load(&t->lost))
       continue;
     atomic_store(&t->lost, 1);   /* no log line per task: the release below says it */
-    ids[n] = t->id;
-    atts[n] = t->attempt;
-    n++;
+    keys[n++] = (struct lease_key){ .id = t->id, .attempt = t->attempt };
   }
   pthread_mutex_unlock(&h->mu);
   atomic_store(&h->stopping, 1);
@@ -700,15 +696,14 @@ static void release_running(struct dispatcher *d)
   pthread_mutex_unlock(&h->wake_mu);
   if (n > 0 && ensure_connection(d)) {
     char err[DB_ERR_MAX];
-    int r = queue_release(d->q, d->conn, ids, atts, n, err, sizeof err);
+    int r = queue_release(d->q, d->conn, keys, n, err, sizeof err);
     if (r < 0)
       log_warn("drain: releasing %d lease%s failed (%s); they expire instead", n,
                n == 1 ? "" : "s", err);
     else
       log_info("drain timeout: %d lease%s given back to pending", r, r == 1 ? "" : "s");
   }
-  free(ids);
-  free(atts);
+  free(keys);
 }
 
 static void *slot_main(void *arg)
@@ -785,22 +780,19 @@ static void release_ready(struct dispatcher *d)
   for (struct task *t = list; t; t = t->next)
     held_remove(h, t);
   pthread_mutex_unlock(&h->mu);
-  int64_t *ids = malloc((size_t)n * sizeof *ids);
-  int *atts = malloc((size_t)n * sizeof *atts), i = 0;
-  for (struct task *t = list; ids && atts && t; t = t->next, i++) {
-    ids[i] = t->id;
-    atts[i] = t->attempt;
-  }
+  struct lease_key *keys = malloc((size_t)(n > 0 ? n : 1) * sizeof *keys);
+  int i = 0;
+  for (struct task *t = list; keys && t; t = t->next)
+    keys[i++] = (struct lease_key){ .id = t->id, .attempt = t->attempt };
   char err[DB_ERR_MAX];
-  if (ids && atts && ensure_connection(d) &&
-      queue_release(d->q, d->conn, ids, atts, n, err, sizeof err) >= 0)
+  if (keys && ensure_connection(d) &&
+      queue_release(d->q, d->conn, keys, n, err, sizeof err) >= 0)
     log_info("draining: %d claimed task%s not started given back to pending", n,
              n == 1 ? "" : "s");
   else
     log_warn("draining: %d claimed task%s not started could not be given back; their leases "
              "expire instead", n, n == 1 ? "" : "s");
-  free(ids);
-  free(atts);
+  free(keys);
   while (list) {
     struct task *t = list;
     list = t->next;

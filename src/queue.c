@@ -24,7 +24,6 @@ static char *format_sql(const char *fmt, const char *a);
 static char *format_sql2(const char *fmt, const char *a);
 static void text_add(struct text *b, const char *s, size_t n);
 static void text_add_quoted(struct text *b, const char *s);
-static char *int_array(const int64_t *v, const int *w, int n);
 static char *key_array(const struct lease_key *keys, int n, int attempts);
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
 
@@ -297,10 +296,10 @@ int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen)
   return n;
 }
 
-int queue_release(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
-                  char *err, size_t errlen)
+int queue_release(struct queue *q, PGconn *c, const struct lease_key *keys, int n, char *err,
+                  size_t errlen)
 {
-  char *id_list = int_array(ids, NULL, n), *att_list = int_array(NULL, attempts, n);
+  char *id_list = key_array(keys, n, 0), *att_list = key_array(keys, n, 1);
   int rc = -1;
   if (!id_list || !att_list) {
     snprintf(err, errlen, "out of memory building a release");
@@ -535,19 +534,3 @@ static char *key_array(const struct lease_key *keys, int n, int attempts)
   return b.s;
 }
 
-static char *int_array(const int64_t *v, const int *w, int n)
-{
-  struct text b = { 0 };
-  char num[32];
-  text_add(&b, "{", 1);
-  for (int i = 0; i < n; i++) {
-    snprintf(num, sizeof num, "%s%lld", i ? "," : "", v ? (long long)v[i] : (long long)w[i]);
-    text_add(&b, num, strlen(num));
-  }
-  text_add(&b, "}", 1);
-  if (b.oom) {
-    free(b.s);
-    return NULL;
-  }
-  return b.s;
-}

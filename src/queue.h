@@ -65,8 +65,8 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
 int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen);
 
 /* Gives leases back to pending without charging the attempt; returns how many, or -1. */
-int queue_release(struct queue *q, PGconn *c, const int64_t *ids, const int *attempts, int n,
-                  char *err, size_t errlen);
+int queue_release(struct queue *q, PGconn *c, const struct lease_key *keys, int n, char *err,
+                  size_t errlen);
 
 /* 1 when the scope still has pending or leased tasks (future ones included), 0 when it has
    settled, -1 on error. */

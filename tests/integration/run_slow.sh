@@ -7,9 +7,9 @@ source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/integration/run_common.sh
 source "$(dirname "$0")/run_common.sh"
 
-# 7. PostgreSQL restarts (fast shutdown) in the middle of a batch: both workers reconnect, the
-# batch settles, --until-empty exits 0, and every task is done (at least once).
-case_server_restart_mid_batch() {
+# private_cluster: a PostgreSQL of this case's own (these cases restart or stop it), removed
+# at exit; PGHOST/PGPORT point at it from here on.
+private_cluster() {
   need_pg
   local env
   if ! env=$("$LEASH_SRC/scripts/pg.sh" start) || [[ $env == false ]]; then
@@ -17,6 +17,12 @@ case_server_restart_mid_batch() {
   fi
   eval "$env"
   t_on_exit "$LEASH_SRC/scripts/pg.sh" stop "$LEASH_PG_DIR"
+}
+
+# 7. PostgreSQL restarts (fast shutdown) in the middle of a batch: both workers reconnect, the
+# batch settles, --until-empty exits 0, and every task is done (at least once).
+case_server_restart_mid_batch() {
+  private_cluster
   run_setup
   seq 1 2000 | awk '{ printf "{\"payload\":{\"sleep\":0.005,\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 2000
@@ -58,13 +64,7 @@ case_server_restart_mid_batch() {
 # failover) waits for it and then runs; a database that answers "no" (no such database)
 # fails at once, with one line.
 case_start_waits_for_a_database_that_is_down() {
-  need_pg
-  local env
-  if ! env=$("$LEASH_SRC/scripts/pg.sh" start) || [[ $env == false ]]; then
-    fail "could not start a private PostgreSQL cluster"
-  fi
-  eval "$env"
-  t_on_exit "$LEASH_SRC/scripts/pg.sh" stop "$LEASH_PG_DIR"
+  private_cluster
   run_setup
   seq 1 20 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 20
