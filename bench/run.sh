@@ -34,8 +34,10 @@
 #   LEASH_BIN            the binary (default build/leash; this script builds nothing)
 #   LEASH_BENCH_USE_PG=1 use the running cluster of PGHOST/PGPORT/PGUSER; otherwise a throwaway
 #                        one is started with fsync on (scripts/pg.sh) and stopped at exit
-#   LEASH_BENCH_SQL      folder of the floor's seed.sql and floor_2tx.sql (default bench/sql, copies of shared/bench/sql)
-#                        (default: ../shared/bench/sql next to the repository)
+#   LEASH_BENCH_SQL      folder of the floor's seed.sql and floor_2tx.sql (default bench/sql,
+#                        copies of shared/bench/sql)
+#   LEASH_BENCH_KEEP=1   keep every workload's database (and a throwaway cluster, running) for
+#                        inspection afterwards: auto_explain, the rows' timestamps
 #
 # The figures of one run share the machine with whatever else runs on it: the table shows
 # the 1-minute load average when each workload started.
@@ -115,7 +117,9 @@ cleanup() {
   if [[ -n $WL_PID ]] && kill -TERM "$WL_PID" 2>/dev/null; then
     for ((i = 0; i < 150; i++)); do kill -0 "$WL_PID" 2>/dev/null || break; sleep 0.1; done
   fi
-  if [[ -z $OWN_PG ]]; then   # someone else's cluster: leave no database behind
+  if [[ ${LEASH_BENCH_KEEP:-} == 1 ]]; then
+    echo "bench/run.sh: kept $(paste -sd' ' "$WORK/dbs")${OWN_PG:+ on the running cluster in $OWN_PG}" >&2
+  elif [[ -z $OWN_PG ]]; then   # someone else's cluster: leave no database behind
     while read -r db; do
       [[ -n $db ]] && psql -X -q -d postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
     done <"$WORK/dbs"
@@ -162,7 +166,7 @@ newdb() {
   export DATABASE_URL
   "$LEASH" migrate >/dev/null 2>"$WORK/migrate.log" || die "leash migrate: $(tail -n 3 "$WORK/migrate.log")"
 }
-dropdb() { qp "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null; }
+dropdb() { [[ ${LEASH_BENCH_KEEP:-} == 1 ]] && return 0; qp "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null; }
 
 # tasks N KEYS [BATCH] [PAYLOAD_JSON]: JSONL on stdout; KEYS=0 gives every task its own shard.
 tasks() {
