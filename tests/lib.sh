@@ -28,7 +28,7 @@ if [[ ${LEASH_VALGRIND:-0} == 1 && $LEASH != *leash-vg* ]]; then
   cat >"$_vg_wrapper" <<VG
 #!/bin/sh
 exec valgrind --quiet --leak-check=full --show-leak-kinds=definite,indirect \
-  --errors-for-leak-kinds=definite,indirect --error-exitcode=99 \
+  --errors-for-leak-kinds=definite,indirect --error-exitcode=99 --fair-sched=yes \
   --suppressions="$LEASH_SRC/tests/valgrind.supp" "$LEASH" "\$@"
 VG
   chmod +x "$_vg_wrapper"
