@@ -38,6 +38,7 @@ struct http_call {
 
 static int l_request(lua_State *L);
 static int call_gc(lua_State *L);
+static void call_free(struct http_call *call);
 static size_t on_body(char *data, size_t size, size_t n, void *ud);
 static size_t on_header(char *data, size_t size, size_t n, void *ud);
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
@@ -157,19 +158,27 @@ static int l_request(lua_State *L)
   lua_setfield(L, -2, "headers");
   lua_pushlstring(L, call->body.s ? call->body.s : "", call->body.len);
   lua_setfield(L, -2, "body");
+  /* Now, not at the next collection: the collector cannot see the handle's or the body's
+     size, and an agent's task may make many calls before one comes. */
+  call_free(call);
   return 1;
 }
 
+/* Every path that raises leaves the call to the collector. */
 static int call_gc(lua_State *L)
 {
-  struct http_call *call = luaL_checkudata(L, 1, HTTP_CALL_MT);
+  call_free(luaL_checkudata(L, 1, HTTP_CALL_MT));
+  return 0;
+}
+
+static void call_free(struct http_call *call)
+{
   if (call->curl)
     curl_easy_cleanup(call->curl);
   curl_slist_free_all(call->headers);
   free(call->body.s);
   free(call->head.s);
   memset(call, 0, sizeof *call);
-  return 0;
 }
 
 static size_t on_body(char *data, size_t size, size_t n, void *ud)

@@ -37,6 +37,7 @@ static int l_log_error(lua_State *L);
 static int l_step(lua_State *L);
 static int l_enqueue(lua_State *L);
 static int result_gc(lua_State *L);
+static void result_free(lua_State *L, int idx);
 static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
                            const char *const *params);
 static void task_fence(lua_State *L, struct task *t, char *id, char *attempt);
@@ -206,10 +207,17 @@ static int l_sleep(lua_State *L)
 
 static int result_gc(lua_State *L)
 {
-  PGresult **box = luaL_checkudata(L, 1, RESULT_MT);
+  result_free(L, 1);
+  return 0;
+}
+
+/* A result is freed as soon as it has been read, not at the next collection: the collector
+   cannot see its size, and a task may run many statements before one comes. */
+static void result_free(lua_State *L, int idx)
+{
+  PGresult **box = luaL_checkudata(L, idx, RESULT_MT);
   PQclear(*box);
   *box = NULL;
-  return 0;
 }
 
 /* leash.db.query(sql, ...): one parameterised statement ($1, $2 …) on a pooled connection
@@ -269,6 +277,7 @@ static int l_db_query(lua_State *L)
     }
   }
   PGresult *r = pool_exec(L, "leash.db.query", sql, nparams, params);
+  int box = lua_gettop(L);
   int rows = PQntuples(r), cols = PQnfields(r);
   lua_createtable(L, rows, 0);
   luaL_setmetatable(L, JSONLUA_ARRAY_MT);
@@ -283,12 +292,13 @@ static int l_db_query(lua_State *L)
   }
   const char *affected = PQcmdTuples(r);
   lua_pushinteger(L, *affected ? strtoll(affected, NULL, 10) : rows);
+  result_free(L, box);
   return 2;
 }
 
 /* [-0, +1, m] Runs one statement on a pooled connection; the result is boxed in a userdata
-   pushed on the stack (freed by the GC on every path, raise included). Raises on failure
-   with "what: <server message>". */
+   pushed on the stack: the caller frees it with result_free once read, and on a raise the
+   collector does. Raises on failure with "what: <server message>". */
 static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
                            const char *const *params)
 {
@@ -359,8 +369,10 @@ static int l_step(lua_State *L)
     else if (jsonlua_decode(L, PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0), err,
                             sizeof err) != 0)
       return luaL_error(L, "leash.step: stored result of '%s' unreadable: %s", name, err);
+    result_free(L, -2);
     return 1;
   }
+  result_free(L, -1);
   lua_pop(L, 1);
 
   lua_pushvalue(L, 2);
@@ -377,6 +389,7 @@ static int l_step(lua_State *L)
   r = pool_exec(L, "leash.step", h->sql->step_put, 5, put);
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.step: lease lost: step '%s' not stored", name);
+  result_free(L, -1);
   lua_pushvalue(L, res);
   return 1;
 }
@@ -439,6 +452,7 @@ static int l_enqueue(lua_State *L)
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.enqueue: lease lost: child task not enqueued");
   lua_pushinteger(L, strtoll(PQgetvalue(r, 0, 0), NULL, 10));
+  result_free(L, -2);
   return 1;
 }
 

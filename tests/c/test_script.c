@@ -126,6 +126,29 @@ static void memory_cap_fails_the_task_not_the_process(void)
   script_free(s);
 }
 
+/* The state is collected in full only past a quarter of the cap; below that a task's
+   garbage may still be there when the next task starts. A task that then needs most of the
+   cap still runs: Lua collects in full before the cap refuses. */
+static void garbage_of_earlier_tasks_does_not_fail_the_next(void)
+{
+  struct script_host h = host(0, 8u * 1024 * 1024);
+  char err[1024];
+  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
+  CHECK(s != NULL);
+  for (int i = 0; i < 3; i++) {
+    struct task *t = new_task("{\"kind\":\"hold\",\"kb\":1500}");
+    script_run(s, t);
+    CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+    task_free(t);
+  }
+  struct task *t = new_task("{\"kind\":\"hold\",\"kb\":5000}");
+  script_run(s, t);
+  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK_STR_EQ(t->result, "{\"held\":5000}");
+  task_free(t);
+  script_free(s);
+}
+
 /* A memory error the script catches (here one raised inside C, by leash.json.decode) keeps
    the script's outcome, but the state that ran into the cap is rebuilt before the next task. */
 static void memory_error_caught_by_the_script_still_rebuilds_the_state(void)
@@ -225,6 +248,8 @@ int main(int argc, char **argv)
     { "unexpected_return_is_a_contract_error", unexpected_return_is_a_contract_error },
     { "timeout_survives_script_pcall", timeout_survives_script_pcall },
     { "memory_cap_fails_the_task_not_the_process", memory_cap_fails_the_task_not_the_process },
+    { "garbage_of_earlier_tasks_does_not_fail_the_next",
+      garbage_of_earlier_tasks_does_not_fail_the_next },
     { "memory_error_caught_by_the_script_still_rebuilds_the_state",
       memory_error_caught_by_the_script_still_rebuilds_the_state },
     { "sandbox_exposes_no_process_control", sandbox_exposes_no_process_control },
