@@ -216,9 +216,9 @@ void script_run(struct script *s, struct task *t)
   /* A task's garbage should not count against the next task's memory: past a quarter of
      the cap, collect it all now. Below that the incremental collector keeps up; a task that
      reaches the cap with garbage left makes Lua collect in full and try again (the state is
-     then rebuilt after the task, as after any refusal). A full collection
-     after every task cost 9 % of a one-row worker's CPU (perf), most of it walking the
-     libraries. C resources (results, HTTP handles) are freed where they are used. */
+     then rebuilt after the task, as after any refusal). A full collection after every task
+     cost 9 % of a one-row worker's CPU (perf), most of it walking the libraries. C resources
+     (query results, HTTP handles) are freed where they are used, not by the collector. */
   if (s->mem_limit && s->mem_used > s->mem_limit / 4)
     lua_gc(L, LUA_GCCOLLECT);
 }
