@@ -175,7 +175,6 @@ static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
   return 0;
 }
 
-
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
                 char *err, size_t errlen)
@@ -533,4 +532,3 @@ static char *key_array(const struct lease_key *keys, int n, int attempts)
   }
   return b.s;
 }
-

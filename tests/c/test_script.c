@@ -38,14 +38,21 @@ static struct task *new_task(const char *payload)
   return t;
 }
 
-/* Runs one task of outcomes.lua and returns it (caller frees). */
-static struct task *run(const struct script_host *h, const char *payload)
+/* outcomes.lua, loaded for h; the case fails when it does not load. */
+static struct script *load_outcomes(const struct script_host *h)
 {
   char err[1024];
   struct script *s = script_load(FIXTURES "/outcomes.lua", h, err, sizeof err);
   if (!s)
     fprintf(stderr, "load: %s\n", err);
   CHECK(s != NULL);
+  return s;
+}
+
+/* Runs one task of outcomes.lua and returns it (caller frees). */
+static struct task *run(const struct script_host *h, const char *payload)
+{
+  struct script *s = load_outcomes(h);
   struct task *t = new_task(payload);
   script_run(s, t);
   script_free(s);
@@ -114,9 +121,7 @@ static void timeout_survives_script_pcall(void)
 static void memory_cap_fails_the_task_not_the_process(void)
 {
   struct script_host h = host(0, 8u * 1024 * 1024);
-  char err[1024];
-  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
-  CHECK(s != NULL);
+  struct script *s = load_outcomes(&h);
   struct task *t = new_task("{\"kind\":\"memory\"}");
   script_run(s, t);
   CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
@@ -132,9 +137,7 @@ static void memory_cap_fails_the_task_not_the_process(void)
 static void garbage_of_earlier_tasks_does_not_fail_the_next(void)
 {
   struct script_host h = host(0, 8u * 1024 * 1024);
-  char err[1024];
-  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
-  CHECK(s != NULL);
+  struct script *s = load_outcomes(&h);
   for (int i = 0; i < 3; i++) {
     struct task *t = new_task("{\"kind\":\"hold\",\"kb\":1500}");
     script_run(s, t);
@@ -154,9 +157,7 @@ static void garbage_of_earlier_tasks_does_not_fail_the_next(void)
 static void memory_error_caught_by_the_script_still_rebuilds_the_state(void)
 {
   struct script_host h = host(0, 8u * 1024 * 1024);
-  char err[1024];
-  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
-  CHECK(s != NULL);
+  struct script *s = load_outcomes(&h);
   struct task *t = new_task("{\"kind\":\"memory_swallowed\"}");
   script_run(s, t);
   CHECK_INT_EQ(t->kind, OUTCOME_DONE);
@@ -210,9 +211,7 @@ static void *lose_later(void *arg)
 static void lost_lease_stops_the_running_code(void)
 {
   struct script_host h = host(0, 0);
-  char err[1024];
-  struct script *s = script_load(FIXTURES "/outcomes.lua", &h, err, sizeof err);
-  CHECK(s != NULL);
+  struct script *s = load_outcomes(&h);
   struct task *t = new_task("{\"kind\":\"lost\"}");
   pthread_t th;
   pthread_create(&th, NULL, lose_later, t);

@@ -462,7 +462,7 @@ case_busy_slots_do_not_spin() {
 # pickup of seconds: (1) an insert into an empty queue; (2) an insert on a free shard behind
 # a backlog of rows whose shard is busy (a rule "notify only when the backlog was empty"
 # would skip this one); (3) a burst of 50 rows from 5 parallel producers, each row its own
-# transaction, is all picked up.
+# transaction: every row starts well within the poll.
 case_wakeups_reach_idle_workers() {
   run_setup
   start_worker A "$FIX/record.lua" --concurrency 3 --poll-ms 3000-3000
@@ -499,6 +499,13 @@ case_wakeups_reach_idle_workers() {
   done
   for i in "${pids[@]}"; do wait "$i"; done
   wait_for "the burst to be done" 20 q_true "select count(*) = 50 from agent_work_queue where shard_key like 'burst%' and status = 'done'"
+  ms=$(q "select round(max(extract(epoch from e.started - q.created_at)) * 1000)
+            from agent_work_queue q
+            join (select task_id, min(started) as started from execs group by task_id) e
+              on e.task_id = q.id
+           where q.shard_key like 'burst%'")
+  echo "# slowest pickup of the burst: $ms ms" >&2
+  ((ms < 1500)) || fail "a row of the parallel burst waited $ms ms (a wake-up missed?)"
   assert_no_sanitizer_reports
 }
 
