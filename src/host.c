@@ -3,6 +3,7 @@
 
 #include "dbpool.h"
 #include "host_internal.h"
+#include "lifecycle.h"
 #include "lease.h"
 #include "log.h"
 #include "migrate.h"
@@ -615,16 +616,11 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list)
     list = t->next;
     t->next = NULL;
     char applied = SETTLED_LATE;
-    if (settle_alone(d, t, &applied, err, sizeof err) != 0 && t->result) {
+    if (settle_alone(d, t, &applied, err, sizeof err) != 0 && t->out.result) {
       /* A result PostgreSQL cannot store (jsonb refuses \u0000) fails the attempt. */
-      t->kind = OUTCOME_RETRY;
-      free(t->error);
-      size_t len = strlen(err) + 64;
-      t->error = malloc(len);
-      if (t->error)
-        snprintf(t->error, len, "result cannot be stored: %s", err);
-      free(t->result);
-      t->result = NULL;
+      outcome_set(&t->out, OUTCOME_RETRY, CAUSE_CONTRACT, "result cannot be stored: ", err);
+      free(t->out.result);
+      t->out.result = NULL;
       if (settle_alone(d, t, &applied, err, sizeof err) != 0) {
         log_task(LOG_ERROR, d->h, t, "cannot settle: %s", err);
         finish_task(d, t, -1);
@@ -649,7 +645,6 @@ static int settle_alone(struct dispatcher *d, struct task *t, char *applied, cha
    database away at the end, no memory): the lease expires and the task runs again. */
 static void finish_task(struct dispatcher *d, struct task *t, int applied)
 {
-  static const char *const kinds[] = { "done", "retry", "dead" };
   if (t->finished)
     d->avg_duration = d->avg_duration > 0 ? 0.9 * d->avg_duration + 0.1 * t->duration
                                           : t->duration;
@@ -660,11 +655,11 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
     /* The database decides: a retry with no attempt left was written dead. */
     atomic_fetch_add(applied == SETTLED_PENDING ? &d->h->stats.retried : &d->h->stats.dead, 1);
     log_task(LOG_INFO, d->h, t, "%s: %s", applied == SETTLED_PENDING ? "retry" : "dead",
-             t->error ? t->error : "");
+             t->out.error ? t->out.error : "");
   } else if (applied == SETTLED_LATE) {
     atomic_fetch_add(&d->h->stats.late, 1);
     log_task(LOG_WARN, d->h, t, "late outcome rejected (%s): the lease was no longer ours",
-             kinds[t->kind]);
+             lifecycle_kind_sql(t->out.kind));
   }
   pthread_mutex_lock(&d->h->mu);
   held_remove(d->h, t);

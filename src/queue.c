@@ -1,6 +1,8 @@
 /* queue: the protocol's statements. See queue.h and sql/002_leases.sql. */
 #include "queue.h"
 
+#include "lifecycle.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +105,6 @@ void queue_free(struct queue *q)
    {results}) for the first n tasks of list. 0, or -1 when out of memory (arrays freed). */
 static int settle_arrays(struct task *list, int n, struct text a[6])
 {
-  static const char *const kind_names[] = { "done", "retry", "dead" };
   char num[64];
   int i = 0;
   memset(a, 0, 6 * sizeof a[0]);
@@ -116,20 +117,21 @@ static int settle_arrays(struct task *list, int n, struct text a[6])
     snprintf(num, sizeof num, "%s%d", sep, t->attempt);
     text_add(&a[1], num, strlen(num));
     text_add(&a[2], sep, strlen(sep));
-    text_add(&a[2], kind_names[t->kind], strlen(kind_names[t->kind]));
-    if (t->kind == OUTCOME_RETRY && t->delay >= 0)
-      snprintf(num, sizeof num, "%s%.3f", sep, t->delay);
+    const char *kind = lifecycle_kind_sql(t->out.kind);
+    text_add(&a[2], kind, strlen(kind));
+    if (t->out.kind == OUTCOME_RETRY && t->out.delay >= 0)
+      snprintf(num, sizeof num, "%s%.3f", sep, t->out.delay);
     else
       snprintf(num, sizeof num, "%sNULL", sep);
     text_add(&a[3], num, strlen(num));
     text_add(&a[4], sep, strlen(sep));
-    if (t->error)
-      text_add_quoted(&a[4], t->error);
+    if (t->out.error)
+      text_add_quoted(&a[4], t->out.error);
     else
       text_add(&a[4], "NULL", 4);
     text_add(&a[5], sep, strlen(sep));
-    if (t->result)
-      text_add_quoted(&a[5], t->result);
+    if (t->out.result)
+      text_add_quoted(&a[5], t->out.result);
     else
       text_add(&a[5], "NULL", 4);
   }
@@ -445,7 +447,7 @@ static struct task *task_from_columns(PGresult *r, int i, int first, double now,
   t->payload = strdup(PQgetvalue(r, i, first + 6));
   t->claimed_at = now;
   atomic_init(&t->lease_deadline, now + visibility);
-  t->delay = -1;
+  t->out.delay = -1;
   atomic_init(&t->lost, 0);
   if (!t->tenant_id || !t->shard_key || !t->payload || (!PQgetisnull(r, i, first + 5) && !t->batch)) {
     task_free(t);

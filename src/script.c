@@ -14,7 +14,6 @@
 
 #define LOAD_TIMEOUT_S 5.0
 #define HOOK_EVERY 1000          /* instructions between clock checks */
-#define ERROR_MAX 8192           /* last_error is cut here */
 
 struct script {
   lua_State *L;
@@ -25,6 +24,7 @@ struct script {
   struct task *current;
   double deadline;             /* monotonic; 0 = none */
   const char *abort_reason;    /* set by the hook when it stops a task */
+  enum outcome_cause abort_cause;
   int broken;
   char dir[1024];              /* the script's folder, for require of siblings */
   char version[17];
@@ -41,7 +41,6 @@ static int l_print(lua_State *L);
 static int l_task_lease_lost(lua_State *L);
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 static void push_task(lua_State *L, struct script *s, struct task *t);
-static void set_error(struct task *t, const char *prefix, const char *msg);
 static void read_outcome(struct script *s, struct task *t, int base, int nret);
 
 /* Registry keys by address (no string keys that could collide). */
@@ -196,19 +195,17 @@ void script_run(struct script *s, struct task *t)
     read_outcome(s, t, base, lua_gettop(L) - base);
     if (s->refused)
       s->broken = 1;   /* the script caught it: its outcome stands, the state is rebuilt */
+  } else if (rc == LUA_ERRMEM || s->refused) {
+    s->broken = 1;
+    char msg[96];
+    snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)",
+             s->mem_limit / (1024 * 1024));
+    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
+  } else if (s->abort_reason) {
+    outcome_set(&t->out, OUTCOME_RETRY, s->abort_cause, NULL, s->abort_reason);
   } else {
-    t->kind = OUTCOME_RETRY;
-    if (rc == LUA_ERRMEM || s->refused) {
-      s->broken = 1;
-      char msg[96];
-      snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)",
-               s->mem_limit / (1024 * 1024));
-      set_error(t, NULL, msg);
-    } else if (s->abort_reason) {
-      set_error(t, NULL, s->abort_reason);
-    } else {
-      set_error(t, NULL, lua_tostring(L, -1) ? lua_tostring(L, -1) : "error without a message");
-    }
+    const char *msg = lua_tostring(L, -1);
+    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR, NULL, msg ? msg : "error without a message");
   }
   lua_settop(L, 0);
   s->current = NULL;
@@ -231,51 +228,38 @@ static void read_outcome(struct script *s, struct task *t, int base, int nret)
   const char *kind;
   char err[512];
   if (nret == 0 || lua_isnil(L, v) || (lua_isboolean(L, v) && lua_toboolean(L, v))) {
-    t->kind = OUTCOME_DONE;
+    t->out.kind = OUTCOME_SUCCESS;
     return;
   }
   if (lua_isboolean(L, v)) {   /* false, msg */
-    t->kind = OUTCOME_RETRY;
-    set_error(t, NULL, nret >= 2 && lua_type(L, v + 1) != LUA_TNIL ? luaL_tolstring(L, v + 1, NULL)
-                                                                  : "handle returned false");
+    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_RETURNED, NULL,
+                nret >= 2 && lua_type(L, v + 1) != LUA_TNIL ? luaL_tolstring(L, v + 1, NULL)
+                                                            : "handle returned false");
     return;
   }
   if ((kind = api_outcome_kind(L, v)) != NULL) {
     if (strcmp(kind, "ok") == 0) {
-      t->kind = OUTCOME_DONE;
+      t->out.kind = OUTCOME_SUCCESS;
       lua_getfield(L, v, "result");
       if (!lua_isnil(L, -1)) {
-        t->result = jsonlua_encode(L, -1, err, sizeof err);
-        if (!t->result) {
-          t->kind = OUTCOME_RETRY;
-          set_error(t, "leash.ok: result cannot be stored as JSON: ", err);
-        }
+        t->out.result = jsonlua_encode(L, -1, err, sizeof err);
+        if (!t->out.result)
+          outcome_set(&t->out, OUTCOME_RETRY, CAUSE_CONTRACT,
+                      "leash.ok: result cannot be stored as JSON: ", err);
       }
       return;
     }
-    t->kind = strcmp(kind, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_DEAD;
     lua_getfield(L, v, "message");
-    set_error(t, NULL, lua_tostring(L, -1) ? lua_tostring(L, -1) : kind);
+    outcome_set(&t->out, strcmp(kind, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_FATAL,
+                CAUSE_RETURNED, NULL, lua_tostring(L, -1) ? lua_tostring(L, -1) : kind);
     lua_getfield(L, v, "delay");
     if (lua_isnumber(L, -1))
-      t->delay = lua_tonumber(L, -1);
+      t->out.delay = lua_tonumber(L, -1);
     return;
   }
-  t->kind = OUTCOME_RETRY;
   snprintf(err, sizeof err, "handle returned a %s; return nothing, true, leash.ok(result), "
            "false, msg, leash.retry(msg) or leash.fatal(msg)", luaL_typename(L, v));
-  set_error(t, NULL, err);
-}
-
-static void set_error(struct task *t, const char *prefix, const char *msg)
-{
-  size_t n = (prefix ? strlen(prefix) : 0) + strlen(msg) + 1;
-  if (n > ERROR_MAX)
-    n = ERROR_MAX;
-  free(t->error);
-  t->error = malloc(n);
-  if (t->error)
-    snprintf(t->error, n, "%s%s", prefix ? prefix : "", msg);
+  outcome_set(&t->out, OUTCOME_RETRY, CAUSE_CONTRACT, NULL, err);
 }
 
 /* [-0, +1, m] The task table handed to handle. */
@@ -536,15 +520,20 @@ static void deadline_hook(lua_State *L, lua_Debug *ar)
   (void)ar;
   struct script *s = script_of(L);
   const char *why = NULL;
-  if (s->deadline > 0 && task_now() > s->deadline)
+  enum outcome_cause cause = CAUSE_TIMEOUT;
+  if (s->deadline > 0 && task_now() > s->deadline) {
     why = s->current ? "task timed out (--task-timeout)" : "script took too long to load";
-  else if (s->current && !task_lease_alive(s->current))
+  } else if (s->current && !task_lease_alive(s->current)) {
     why = "lease lost";
-  else if (atomic_load(s->host->stopping))
+    cause = CAUSE_LEASE_LOST;
+  } else if (atomic_load(s->host->stopping)) {
     why = "worker stopping";
+    cause = CAUSE_STOPPING;
+  }
   if (!why)
     return;
   s->abort_reason = why;
+  s->abort_cause = cause;
   lua_sethook(L, deadline_hook, LUA_MASKCOUNT, 1);
   luaL_error(L, "%s", why);
 }

@@ -12,8 +12,7 @@ void task_free(struct task *t)
   free(t->shard_key);
   free(t->batch);
   free(t->payload);
-  free(t->error);
-  free(t->result);
+  outcome_clear(&t->out);
   free(t);
 }
 

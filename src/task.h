@@ -6,14 +6,10 @@
 #ifndef LEASH_TASK_H
 #define LEASH_TASK_H
 
+#include "outcome.h"
+
 #include <stdatomic.h>
 #include <stdint.h>
-
-enum outcome_kind {
-  OUTCOME_DONE,
-  OUTCOME_RETRY,
-  OUTCOME_DEAD,
-};
 
 struct task {
   int64_t id;
@@ -31,11 +27,8 @@ struct task {
   atomic_int lost;        /* set by the lease thread, a slot or drain; never cleared */
   int finished;           /* the script is done and the outcome awaits settle (under mu) */
 
-  /* Filled by the slot after the script ran. */
-  enum outcome_kind kind;
-  char *error;            /* retry/dead message; malloc'd */
-  double delay;           /* retry delay in seconds, < 0 for the backoff formula */
-  char *result;           /* done: JSON text or NULL; malloc'd */
+  /* Filled by the slot after the script ran (or by the watchdog for a wedged slot). */
+  struct outcome out;
   double duration;        /* seconds the script ran */
 
   struct task *next;      /* intrusive list link, owned by whichever list holds it */

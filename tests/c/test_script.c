@@ -32,7 +32,7 @@ static struct task *new_task(const char *payload)
   t->tenant_id = strdup("t");
   t->shard_key = strdup("s");
   t->payload = strdup(payload);
-  t->delay = -1;
+  t->out.delay = -1;
   atomic_init(&t->lost, 0);
   atomic_init(&t->lease_deadline, task_now() + 3600);
   return t;
@@ -63,29 +63,29 @@ static void outcomes_follow_the_contract(void)
 {
   struct script_host h = host(0, 0);
   struct task *t = run(&h, "{\"kind\":\"nothing\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
-  CHECK(t->result == NULL);
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
+  CHECK(t->out.result == NULL);
   task_free(t);
   t = run(&h, "{\"kind\":\"true\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
   task_free(t);
   t = run(&h, "{\"kind\":\"ok\",\"n\":3}");
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
-  CHECK_STR_EQ(t->result, "{\"id\":42,\"n\":3,\"sib\":4}");
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
+  CHECK_STR_EQ(t->out.result, "{\"id\":42,\"n\":3,\"sib\":4}");
   task_free(t);
   t = run(&h, "{\"kind\":\"false\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
-  CHECK_STR_EQ(t->error, "said false");
-  CHECK(t->delay < 0);
+  CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
+  CHECK_STR_EQ(t->out.error, "said false");
+  CHECK(t->out.delay < 0);
   task_free(t);
   t = run(&h, "{\"kind\":\"retry\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
-  CHECK_STR_EQ(t->error, "later");
-  CHECK(t->delay == 7.5);
+  CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
+  CHECK_STR_EQ(t->out.error, "later");
+  CHECK(t->out.delay == 7.5);
   task_free(t);
   t = run(&h, "{\"kind\":\"fatal\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_DEAD);
-  CHECK_STR_EQ(t->error, "never");
+  CHECK_INT_EQ(t->out.kind, OUTCOME_FATAL);
+  CHECK_STR_EQ(t->out.error, "never");
   task_free(t);
 }
 
@@ -93,9 +93,9 @@ static void raised_error_is_a_retry_with_traceback(void)
 {
   struct script_host h = host(0, 0);
   struct task *t = run(&h, "{\"kind\":\"error\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
-  CHECK(strstr(t->error, "outcomes.lua") && strstr(t->error, "exploded"));
-  CHECK(strstr(t->error, "stack traceback"));
+  CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
+  CHECK(strstr(t->out.error, "outcomes.lua") && strstr(t->out.error, "exploded"));
+  CHECK(strstr(t->out.error, "stack traceback"));
   task_free(t);
 }
 
@@ -103,8 +103,8 @@ static void unexpected_return_is_a_contract_error(void)
 {
   struct script_host h = host(0, 0);
   struct task *t = run(&h, "{\"kind\":\"string\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
-  CHECK(strstr(t->error, "handle returned a string"));
+  CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
+  CHECK(strstr(t->out.error, "handle returned a string"));
   task_free(t);
 }
 
@@ -112,8 +112,8 @@ static void timeout_survives_script_pcall(void)
 {
   struct script_host h = host(0.2, 0);
   struct task *t = run(&h, "{\"kind\":\"loop\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
-  CHECK(strstr(t->error, "timed out"));
+  CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
+  CHECK(strstr(t->out.error, "timed out"));
   CHECK(t->duration < 2.0);
   task_free(t);
 }
@@ -124,8 +124,8 @@ static void memory_cap_fails_the_task_not_the_process(void)
   struct script *s = load_outcomes(&h);
   struct task *t = new_task("{\"kind\":\"memory\"}");
   script_run(s, t);
-  CHECK_INT_EQ(t->kind, OUTCOME_RETRY);
-  CHECK(strstr(t->error, "out of memory"));
+  CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
+  CHECK(strstr(t->out.error, "out of memory"));
   CHECK(script_broken(s));
   task_free(t);
   script_free(s);
@@ -141,13 +141,13 @@ static void garbage_of_earlier_tasks_does_not_fail_the_next(void)
   for (int i = 0; i < 3; i++) {
     struct task *t = new_task("{\"kind\":\"hold\",\"kb\":1500}");
     script_run(s, t);
-    CHECK_INT_EQ(t->kind, OUTCOME_DONE);
+    CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
     task_free(t);
   }
   struct task *t = new_task("{\"kind\":\"hold\",\"kb\":5000}");
   script_run(s, t);
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
-  CHECK_STR_EQ(t->result, "{\"held\":5000}");
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
+  CHECK_STR_EQ(t->out.result, "{\"held\":5000}");
   task_free(t);
   script_free(s);
 }
@@ -160,8 +160,8 @@ static void memory_error_caught_by_the_script_still_rebuilds_the_state(void)
   struct script *s = load_outcomes(&h);
   struct task *t = new_task("{\"kind\":\"memory_swallowed\"}");
   script_run(s, t);
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
-  CHECK_STR_EQ(t->result, "{\"caught\":true}");
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
+  CHECK_STR_EQ(t->out.result, "{\"caught\":true}");
   CHECK(script_broken(s));
   task_free(t);
   script_free(s);
@@ -171,8 +171,8 @@ static void sandbox_exposes_no_process_control(void)
 {
   struct script_host h = host(0, 0);
   struct task *t = run(&h, "{\"kind\":\"sandbox\"}");
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
-  CHECK_STR_EQ(t->result, "{\"exposed\":[],\"setup\":true}");
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
+  CHECK_STR_EQ(t->out.result, "{\"exposed\":[],\"setup\":true}");
   task_free(t);
   char err[1024];
   CHECK(script_load(FIXTURES "/escape.lua", &h, err, sizeof err) == NULL);
@@ -184,8 +184,8 @@ static void payload_types_arrive_as_lua_values(void)
   struct script_host h = host(0, 0);
   struct task *t = run(&h, "{\"kind\":\"types\",\"i\":1,\"f\":1.5,\"null\":null,"
                            "\"arr\":[1,2,3],\"obj\":{\"k\":\"v\"}}");
-  CHECK_INT_EQ(t->kind, OUTCOME_DONE);
-  CHECK_STR_EQ(t->result, "{\"ok\":true}");
+  CHECK_INT_EQ(t->out.kind, OUTCOME_SUCCESS);
+  CHECK_STR_EQ(t->out.result, "{\"ok\":true}");
   task_free(t);
 }
 
@@ -218,8 +218,8 @@ static void lost_lease_stops_the_running_code(void)
   script_run(s, t);
   pthread_join(th, NULL);
   /* Either the hook stopped it, or it saw lease_lost() first: never a silent success. */
-  CHECK(t->kind == OUTCOME_RETRY ? strstr(t->error, "lease lost") != NULL
-                                 : strcmp(t->result, "{\"saw_lost\":true}") == 0);
+  CHECK(t->out.kind == OUTCOME_RETRY ? strstr(t->out.error, "lease lost") != NULL
+                                 : strcmp(t->out.result, "{\"saw_lost\":true}") == 0);
   task_free(t);
   script_free(s);
 }

@@ -1,0 +1,37 @@
+/*
+ * lifecycle: the one definition of where a task may go. Statuses, outcome kinds and causes
+ * by name, what each kind does to a row, the backoff policy and the defaults. sql/ writes the
+ * same rules as statements; tests/ check the two and leash.testing against each other.
+ */
+#ifndef LEASH_LIFECYCLE_H
+#define LEASH_LIFECYCLE_H
+
+#include "outcome.h"
+
+/* Row statuses. */
+#define STATUS_PENDING "pending"
+#define STATUS_LEASED  "leased"
+#define STATUS_DONE    "done"
+#define STATUS_DEAD    "dead"
+
+/* Defaults a row gets when its inserter names none (the table's column defaults say the same). */
+#define LIFECYCLE_DEFAULT_MAX_ATTEMPTS 8
+#define LIFECYCLE_DEFAULT_MAX_CRASHES  3
+/* Backoff for a retry that names no delay: least(CAP, BASE ^ attempts) seconds. */
+#define LIFECYCLE_BACKOFF_BASE 2.0
+#define LIFECYCLE_BACKOFF_CAP_S 3600.0
+
+/* The kind's word in the settle's kinds[] ("done", "retry", "dead"). */
+const char *lifecycle_kind_sql(enum outcome_kind k);
+
+/* The cause's name in last_cause, logs and metric labels ("script_error", "timeout", ...). */
+const char *lifecycle_cause_name(enum outcome_cause c);
+
+/* 1 for causes that count as a crash of the execution (the worker, not the script, failed):
+   they add to the row's crash count, and max_crashes of them quarantine it. */
+int lifecycle_cause_is_crash(enum outcome_cause c);
+
+/* The backoff in seconds after the given number of attempts (a retry without a delay). */
+double lifecycle_backoff(int attempts);
+
+#endif
