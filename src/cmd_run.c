@@ -24,14 +24,26 @@ static const char run_usage[] =
   "  --worker-id ID        lease owner name (default $POD_NAME, else hostname:pid)\n"
   "  --poll-ms MIN-MAX     idle polling interval with jitter (default 200-500)\n"
   "  --task-timeout S      stop a task after S (default: none; the lease is renewed)\n"
-  "  --drain-timeout S     on SIGTERM, wait S for running tasks (default 30)\n"
+  "  --drain-timeout S     on SIGTERM, wait S for running tasks (default 30); then they are\n"
+  "                        stopped and their leases given back\n"
+  "  --watchdog-grace S    how long a slot may stay past its deadline before the worker\n"
+  "                        counts it wedged in C code and restarts (default 10; see below)\n"
   "  --until-empty         exit 0 once the scope has no pending or leased task\n"
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
   "  --lua-memory MB       memory cap per slot's Lua state (default 256, 0 = none)\n"
   "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
   "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz\n"
-  "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n";
+  "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n"
+  "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
+  "--watchdog-grace after --task-timeout (only with one), or after its lease was lost, or\n"
+  "min(grace, 2 s) after the drain's stop, makes the worker settle that task as a retry\n"
+  "(cause wedged), give every other lease back, and exit with status 3 (the supervisor\n"
+  "restarts it). So SIGTERM always ends the process within --drain-timeout + 2 s or so.\n"
+  "A version whose setup does not return within 5 s + grace is refused (at start: exit 1).\n"
+  "Two SIGTERMs within 1 s count as one; a later second one stops at once (exit 1).\n\n"
+  "exit status: 0 drained or --until-empty done; 1 start failure or second signal;\n"
+  "2 usage error; 3 a slot was wedged (watchdog)\n\n";
 
 static const char check_usage[] =
   "usage: leash check [--lua-path DIR]... SCRIPT.lua\n\n"
@@ -41,7 +53,7 @@ static const char check_usage[] =
 enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
-  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS,
+  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
 };
 
 #define MAX_TENANTS 64
@@ -62,6 +74,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "poll-ms", required_argument, NULL, OPT_POLL_MS },
     { "task-timeout", required_argument, NULL, OPT_TASK_TIMEOUT },
     { "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
+    { "watchdog-grace", required_argument, NULL, OPT_WATCHDOG_GRACE },
     { "until-empty", no_argument, NULL, OPT_UNTIL_EMPTY },
     { "claim-batch", required_argument, NULL, OPT_CLAIM_BATCH },
     { "db-pool", required_argument, NULL, OPT_DB_POOL },
@@ -71,7 +84,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { NULL, 0, NULL, 0 },
   };
   struct host_config cfg = {
-    .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30,
+    .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
     .lua_memory = 256u * 1024 * 1024,
   };
@@ -118,6 +131,10 @@ int cmd_run(struct cli *g, int argc, char **argv)
       break;
     case OPT_DRAIN_TIMEOUT:
       if ((rc = parse_duration_opt(g, "--drain-timeout", optarg, &cfg.drain_timeout, 0)) != 0)
+        return rc;
+      break;
+    case OPT_WATCHDOG_GRACE:
+      if ((rc = parse_duration_opt(g, "--watchdog-grace", optarg, &cfg.watchdog_grace, 1)) != 0)
         return rc;
       break;
     case OPT_TENANT:

@@ -10,6 +10,7 @@
 #include "reload.h"
 #include "report.h"
 #include "script.h"
+#include "watchdog.h"
 
 #include <math.h>
 #include <signal.h>
@@ -25,6 +26,9 @@
 #define SLOT_STACK (512 * 1024)
 #define PROGRESS_EVERY_S 10.0
 #define IDLE_POLL_MAX_S 5.0
+/* A second SIGTERM this soon after the first is the same request: GNU timeout(1), a shell or
+   a supervisor may signal the process and then its group (or both at once). */
+#define SIGNAL_COALESCE_S 1.0
 
 struct slot {
   struct host *h;
@@ -47,7 +51,8 @@ struct dispatcher {
   struct task *ready, **ready_tail; /* claimed, not started: slots take them directly */
   int nready;
   int quit;                         /* slots exit */
-  int signals;                      /* SIGTERM/SIGINT seen */
+  int signals;                      /* SIGTERM/SIGINT seen (one burst counts once) */
+  double first_signal;              /* monotonic, the first SIGTERM/SIGINT */
   PGconn *conn;
   struct queue *q;
   struct reload *reload;
@@ -78,6 +83,7 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied);
 static void held_add(struct host *h, struct task *t);
 static void held_remove(struct host *h, struct task *t);
 static void release_running(struct dispatcher *d);
+static void wedge_exit(struct dispatcher *d) __attribute__((noreturn));
 static double jitter_poll(const struct host_config *cfg);
 static double next_idle_poll(const struct host_config *cfg, double current, int empty);
 static void log_task(enum log_level lvl, const struct host *h, const struct task *t,
@@ -92,6 +98,7 @@ int host_run(const struct host_config *cfg)
   struct dispatcher d = { .h = &h, .backoff = 0.1 };
   struct lease *lease = NULL;
   struct metrics *metrics = NULL;
+  struct watchdog *watchdog = NULL;
   struct queue_script_sql script_sql = { 0 };
   pthread_t sig_thread;
   int sig_started = 0, rc = 1, started = 0;
@@ -120,9 +127,11 @@ int host_run(const struct host_config *cfg)
   /* Fail fast: a script that does not load, or a table not migrated, stops us at start. */
   struct script *probe = NULL;
   h.script_text = script_read_file(cfg->script_path, &h.script_len, err, sizeof err);
+  /* On a thread of its own with a deadline: a setup wedged in one C call must not hang the
+     start (the hook in script.c cannot stop it). */
   if (h.script_text)
-    probe = script_load_text(cfg->script_path, h.script_text, h.script_len, &h.sh, err,
-                             sizeof err);
+    probe = reload_load_bounded(cfg->script_path, h.script_text, h.script_len, &h.sh,
+                                host_load_limit(&h), err, sizeof err);
   if (!probe) {
     log_error("cannot load %s: %s", cfg->script_path, err);
     goto out;
@@ -146,7 +155,9 @@ int host_run(const struct host_config *cfg)
                          cfg->task_timeout > 0 ? (int)ceil(cfg->task_timeout * 1000) : 0);
   d.slots = calloc((size_t)cfg->concurrency, sizeof *d.slots);
   d.idle = calloc((size_t)cfg->concurrency, sizeof *d.idle);
-  if (!d.q || !h.sh.pool || !d.slots || !d.idle) {
+  h.watch = calloc((size_t)cfg->concurrency, sizeof *h.watch);
+  h.nwatch = cfg->concurrency;
+  if (!d.q || !h.sh.pool || !d.slots || !d.idle || !h.watch) {
     log_error("out of memory starting the host");
     goto out;
   }
@@ -172,8 +183,8 @@ int host_run(const struct host_config *cfg)
     s->d = &d;
     s->index = started;
     pthread_cond_init(&s->cv, NULL);
-    s->script = script_load_text(cfg->script_path, h.script_text, h.script_len, &h.sh, err,
-                                 sizeof err);
+    s->script = reload_load_bounded(cfg->script_path, h.script_text, h.script_len, &h.sh,
+                                    host_load_limit(&h), err, sizeof err);
     if (!s->script || pthread_create(&s->thread, &attr, slot_main, s) != 0) {
       log_error("cannot start slot %d: %s", started, s->script ? "thread" : err);
       script_free(s->script);
@@ -185,6 +196,7 @@ int host_run(const struct host_config *cfg)
   pthread_attr_destroy(&attr);
   if (started == cfg->concurrency) {
     lease = lease_start(&h);
+    watchdog = watchdog_start(&h);
     struct reload *r = reload_start(&h);
     pthread_mutex_lock(&h.mu);   /* the signal thread reads d.reload under mu */
     d.reload = r;
@@ -194,7 +206,7 @@ int host_run(const struct host_config *cfg)
       if (!metrics)
         log_error("%s", err);
     }
-    if (lease && d.reload && (metrics || !cfg->metrics_addr)) {
+    if (lease && watchdog && d.reload && (metrics || !cfg->metrics_addr)) {
       atomic_store(&h.stats.ready, 1);
       log_info("worker %s running %d slot%s on %s", cfg->worker_id, cfg->concurrency,
                cfg->concurrency == 1 ? "" : "s", cfg->table);
@@ -213,6 +225,7 @@ int host_run(const struct host_config *cfg)
     script_free(d.slots[i].script);
     pthread_cond_destroy(&d.slots[i].cv);
   }
+  watchdog_stop(watchdog);
   lease_stop(lease);
   metrics_stop(metrics);
   log_info("worker %s stopped: %lld claimed, %lld done, %lld retried, %lld dead, %lld lost, "
@@ -232,11 +245,16 @@ out:
   }
   free(h.held);
   free(h.script_text);
+  free(h.watch);
   free(d.slots);
   free(d.idle);
   queue_free(d.q);
-  queue_script_sql_free(&script_sql);
-  dbpool_free(h.sh.pool);
+  /* A refused version's setup still stuck in C may yet reach the pool and the statements
+     if it ever returns: the process is about to exit, so leave them (see reload.h). */
+  if (reload_loaders_stuck() == 0) {
+    queue_script_sql_free(&script_sql);
+    dbpool_free(h.sh.pool);
+  }
   PQfinish(d.conn);
   db_table_free(&h.table);
   pthread_mutex_destroy(&h.mu);
@@ -285,6 +303,10 @@ static int dispatch(struct dispatcher *d)
 
   for (;;) {
     pthread_mutex_lock(&h->mu);
+    if (h->wedged) {
+      pthread_mutex_unlock(&h->mu);
+      wedge_exit(d);
+    }
     struct task *finished = d->done;
     d->done = NULL;
     d->done_tail = &d->done;
@@ -378,7 +400,7 @@ static int dispatch(struct dispatcher *d)
     if (draining)
       until = released ? now + 0.1 : d->drain_deadline;
     pthread_mutex_lock(&h->mu);
-    if (!d->done && !h->wake && h->draining == draining && d->nidle == idle) {
+    if (!d->done && !h->wake && !h->wedged && h->draining == draining && d->nidle == idle) {
       struct timespec ts;
       double wait = until - task_now();
       if (wait > 0) {
@@ -599,8 +621,10 @@ static int must_give_up(struct dispatcher *d)
   if (atomic_load(&d->h->stopping))
     return 1;
   pthread_mutex_lock(&d->h->mu);
-  int draining = d->h->draining;
+  int draining = d->h->draining, wedged = d->h->wedged;
   pthread_mutex_unlock(&d->h->mu);
+  if (wedged)
+    return 1;   /* the dispatch loop's next turn settles, releases and exits */
   if (draining && d->drain_deadline == 0)
     d->drain_deadline = task_now() + d->h->cfg->drain_timeout;
   return draining && task_now() >= d->drain_deadline;
@@ -701,6 +725,112 @@ static void release_running(struct dispatcher *d)
   free(keys);
 }
 
+/* The watchdog found a slot wedged (watchdog.h). On the claim connection, in this order:
+   everything else held is marked lost (their code stops, their outcomes are discarded), the
+   wedged task is settled as a retry with cause "wedged" together with the outcomes already
+   finished, every other lease goes back to pending without charging the attempt, then the
+   process _exits with HOST_EXIT_WEDGED. The wedged slot's thread is not joined: it may never
+   return. Its task struct is not written here (the slot may still write t->out if it comes
+   back): the settle goes through a copy. */
+static void wedge_exit(struct dispatcher *d)
+{
+  struct host *h = d->h;
+  struct lease_key *keys = NULL;
+  struct task *settle = NULL, **tail = &settle, *copy = NULL;
+  int nkeys = 0, nsettle = 0;
+  char why[sizeof h->wedged_why];
+
+  pthread_mutex_lock(&h->mu);
+  h->draining = 1;
+  atomic_store(&h->stats.ready, 0);
+  snprintf(why, sizeof why, "%s", h->wedged_why);
+  struct task *w = h->wedged_task;
+  if (h->wedged_settle) {
+    copy = calloc(1, sizeof *copy);
+    if (copy) {
+      copy->id = w->id;
+      copy->attempt = w->attempt;
+      copy->max_attempts = w->max_attempts;
+      copy->out.delay = -1;
+      char msg[sizeof why + 64];
+      snprintf(msg, sizeof msg, "%s; the worker restarted", why);
+      outcome_set(&copy->out, OUTCOME_RETRY, CAUSE_WEDGED, "wedged: ", msg);
+    }
+  }
+  /* Outcomes that finished before now are written like any others. */
+  for (struct task *t = d->done; t; t = t->next)
+    if (t != w && !atomic_load(&t->lost)) {
+      atomic_store(&t->lost, 1);   /* not released below; the copy in `settle` is written */
+      struct task *c = calloc(1, sizeof *c);
+      if (!c)
+        continue;
+      c->id = t->id;
+      c->attempt = t->attempt;
+      c->max_attempts = t->max_attempts;
+      c->out = t->out;   /* borrowed: the task is never freed before _exit */
+      *tail = c;
+      tail = &c->next;
+      nsettle++;
+    }
+  if (h->nheld > 0)
+    keys = malloc((size_t)h->nheld * sizeof *keys);
+  for (int i = 0; i < h->nheld; i++) {
+    struct task *t = h->held[i];
+    if (t == w || atomic_exchange(&t->lost, 1))
+      continue;   /* the wedged one is settled; a lost one is not ours to give back */
+    if (keys)
+      keys[nkeys++] = (struct lease_key){ .id = t->id, .attempt = t->attempt };
+  }
+  pthread_mutex_unlock(&h->mu);
+  atomic_store(&h->stopping, 1);
+  pthread_mutex_lock(&h->wake_mu);
+  pthread_cond_broadcast(&h->wake_cv);
+  pthread_mutex_unlock(&h->wake_mu);
+
+  if (copy) {
+    *tail = copy;
+    nsettle++;
+  }
+  char err[DB_ERR_MAX];
+  const char *wrote = "not settled (its lease was already lost or given back)";
+  if (nsettle > 0) {
+    char *applied = calloc((size_t)nsettle, 1);
+    struct task *none = NULL;
+    double due;
+    if (applied && ensure_connection(d) &&
+        queue_cycle(d->q, d->conn, settle, nsettle, applied, &h->cfg->scope, 0, &none, &due,
+                    err, sizeof err) >= 0) {
+      if (copy)
+        wrote = applied[nsettle - 1] == SETTLED_PENDING ? "settled: retry (cause wedged)"
+                : applied[nsettle - 1] == SETTLED_DEAD  ? "settled: dead (cause wedged, no attempts left)"
+                                                        : "settle rejected: the lease was no longer ours";
+    } else {
+      wrote = "could not be settled: its lease expires instead";
+      log_warn("watchdog: settling %d outcome%s failed: %s", nsettle, nsettle == 1 ? "" : "s",
+               applied ? err : "out of memory");
+    }
+    free(applied);
+  }
+  int given = 0;
+  if (nkeys > 0 && ensure_connection(d)) {
+    given = queue_release(d->q, d->conn, keys, nkeys, err, sizeof err);
+    if (given < 0)
+      log_warn("watchdog: giving back %d lease%s failed (%s); they expire instead", nkeys,
+               nkeys == 1 ? "" : "s", err);
+  }
+  char id[32], attempt[16];
+  snprintf(id, sizeof id, "%lld", (long long)w->id);
+  snprintf(attempt, sizeof attempt, "%d", w->attempt);
+  struct log_field f[] = {
+    { "task_id", id }, { "attempt", attempt }, { "worker", h->cfg->worker_id }, { NULL, NULL },
+  };
+  log_fields(LOG_ERROR, f, "watchdog: wedged task %s; %d other lease%s given back to pending; "
+             "exiting with status %d without waiting for the wedged slot", wrote,
+             given > 0 ? given : 0, given == 1 ? "" : "s", HOST_EXIT_WEDGED);
+  fflush(stdout);
+  _exit(HOST_EXIT_WEDGED);
+}
+
 static void *slot_main(void *arg)
 {
   struct slot *s = arg;
@@ -725,8 +855,9 @@ static void *slot_main(void *arg)
     if (!t)
       break;
     if (text) {
-      struct script *fresh = script_load_text(h->cfg->script_path, text, len, &h->sh, err,
-                                              sizeof err);
+      /* Bounded: a setup that wedges here leaves the slot on its old version. */
+      struct script *fresh = reload_load_bounded(h->cfg->script_path, text, len, &h->sh,
+                                                 host_load_limit(h), err, sizeof err);
       free(text);
       if (fresh) {
         log_debug("slot %d now runs version %s", s->index, script_version(fresh));
@@ -738,10 +869,15 @@ static void *slot_main(void *arg)
       s->generation = generation;
     }
     atomic_fetch_add(&h->stats.busy_slots, 1);
+    struct slot_watch *sw = &h->watch[s->index];
+    pthread_mutex_lock(&h->mu);   /* what the watchdog sees: this task in handle() since now */
+    *sw = (struct slot_watch){ .task = t, .started = task_now() };
+    pthread_mutex_unlock(&h->mu);
     script_run(s->script, t);
     atomic_fetch_sub(&h->stats.busy_slots, 1);
     histogram_observe(&h->stats.task_seconds, t->duration);
     pthread_mutex_lock(&h->mu);
+    sw->task = NULL;
     t->finished = 1;
     *d->done_tail = t;
     d->done_tail = &t->next;
@@ -813,10 +949,16 @@ static void *signal_main(void *arg)
     if (sig == SIGHUP) {
       if (d->reload)
         reload_request(d->reload);
-    } else if (++d->signals == 1) {
+    } else if (d->signals++ == 0) {
+      d->first_signal = task_now();
       d->h->draining = 1;
       atomic_store(&d->h->stats.ready, 0);
       log_info("%s: draining (a second signal stops at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    } else if (task_now() - d->first_signal < SIGNAL_COALESCE_S) {
+      /* One request delivered twice (to the process and to its group), not an impatient
+         operator: the drain goes on. A signal after this window still stops at once. */
+      log_info("%s %.1f s after the first: the same request, still draining",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", task_now() - d->first_signal);
     } else {
       log_warn("second signal: stopping at once; held leases will expire");
       _exit(1);

@@ -29,6 +29,7 @@ struct host_config {
   double heartbeat;             /* renewal interval, seconds */
   double task_timeout;          /* 0 = none */
   double drain_timeout;
+  double watchdog_grace;        /* how long past a deadline a slot may take to come back */
   int poll_min_ms, poll_max_ms;
   int until_empty;
   int claim_batch;              /* most rows one claim asks for */
@@ -42,8 +43,13 @@ struct host_config {
   int nlua_path;
 };
 
+/* Exit code of a process the watchdog ended: a slot stayed wedged past its deadline plus
+   --watchdog-grace (task timeout, lost lease, or the stop after the drain deadline). */
+#define HOST_EXIT_WEDGED 3
+
 /* Runs until drained (signal) or, with until_empty, until the scope has settled.
-   Returns the process exit code. */
+   Returns the process exit code: 0, 1 (start failure), or HOST_EXIT_WEDGED, with which the
+   process ends by _exit without returning. */
 int host_run(const struct host_config *cfg);
 
 #endif

@@ -32,7 +32,36 @@ struct host {
   char *script_text;            /* the script's text of that generation: slots load this, */
   size_t script_len;            /* not the file, which may have changed since the probe */
   char version[17];             /* the version loaded at start */
+
+  /* The watchdog (watchdog.c) reads these; see struct slot_watch. */
+  struct slot_watch *watch;     /* one per slot, allocated before the slots start */
+  int nwatch;
+  /* Set once by the watchdog: a slot is wedged. The dispatcher settles, gives back the other
+     leases and exits (host.c, wedge_exit); the watchdog's backstop exits if it cannot. */
+  int wedged;
+  struct task *wedged_task;     /* the wedged slot's task (still owned by that slot) */
+  int wedged_settle;            /* 1: settle it as CAUSE_WEDGED; 0: its lease was already lost */
+  char wedged_why[256];
 };
+
+/* What the watchdog sees of one slot. task and started are written by the slot under mu
+   (the slot never holds mu while Lua runs, so the watchdog can always take it); the rest is
+   the watchdog's own. */
+struct slot_watch {
+  struct task *task;            /* in handle() now, or NULL */
+  double started;               /* monotonic, when handle() was called */
+  double lost_seen;             /* when the watchdog first saw that task's lease lost, or 0 */
+  double stop_seen;             /* when it first saw the stop (drain deadline), or 0 */
+};
+
+/* Loading a version (setup included) may take this long plus --watchdog-grace before it
+   counts as wedged: script.c stops a setup that loops in Lua after 5 s; the grace is for one
+   that is stuck inside a C call, which that hook cannot stop. */
+#define HOST_LOAD_BASE_S 5.0
+static inline double host_load_limit(const struct host *h)
+{
+  return HOST_LOAD_BASE_S + h->cfg->watchdog_grace;
+}
 
 /* Marks t's lease lost (once), logs why, and wakes sleeping scripts. Call with mu held. */
 void host_lose_lease(struct host *h, struct task *t, const char *why);

@@ -172,14 +172,17 @@ static void heartbeat(struct lease *l)
   char *renewed = NULL;
   int n;
 
+  /* A lease marked lost is not renewed: its outcome is discarded anyway, and a slot wedged
+     in C (watchdog.c), or one that ignores the loss, must not keep the row from the reaper. */
   pthread_mutex_lock(&h->mu);
-  n = h->nheld;
-  if (n > 0) {
-    keys = malloc((size_t)n * sizeof *keys);
-    renewed = malloc((size_t)n);
+  n = 0;
+  if (h->nheld > 0) {
+    keys = malloc((size_t)h->nheld * sizeof *keys);
+    renewed = malloc((size_t)h->nheld);
     if (keys && renewed)
-      for (int i = 0; i < n; i++)
-        keys[i] = (struct lease_key){ .id = h->held[i]->id, .attempt = h->held[i]->attempt };
+      for (int i = 0; i < h->nheld; i++)
+        if (!atomic_load(&h->held[i]->lost))
+          keys[n++] = (struct lease_key){ .id = h->held[i]->id, .attempt = h->held[i]->attempt };
   }
   pthread_mutex_unlock(&h->mu);
 

@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -27,7 +28,25 @@ struct reload {
   char version[17];             /* of the last version that loaded */
 };
 
+/* One bounded load: shared by the waiting caller and the loader thread; whoever finishes
+   with it last frees it (refs). */
+struct load_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;            /* CLOCK_MONOTONIC */
+  int refs;                     /* 2 while both sides hold it */
+  int done, abandoned;
+  char *path, *text;
+  size_t len;
+  const struct script_host *sh;
+  struct script *result;
+  char err[DB_ERR_MAX];
+};
+
+static atomic_int loaders_stuck;
+
 static void *reload_main(void *arg);
+static void *load_main(void *arg);
+static void load_job_unref(struct load_job *j);
 static void watch_tree(struct reload *r, const char *path, int depth);
 static void try_reload(struct reload *r, const char *why);
 
@@ -154,15 +173,23 @@ static void *reload_main(void *arg)
   }
 }
 
-/* Loads the new version once; only a version that loads reaches the slots. */
+/* Loads the new version once; only a version that loads reaches the slots. A version whose
+   setup does not return within the load limit is refused like one that fails. */
 static void try_reload(struct reload *r, const char *why)
 {
   struct host *h = r->h;
   char err[DB_ERR_MAX];
   size_t len = 0;
+  if (reload_loaders_stuck() > 0) {
+    /* Each stuck setup holds a core: do not pile up another behind it. A restart clears. */
+    log_error("hot swap (%s) refused, slots keep version %s: an earlier version's setup is "
+              "still stuck; restart the worker to load a new version", why, r->version);
+    return;
+  }
   char *text = script_read_file(h->cfg->script_path, &len, err, sizeof err);
-  struct script *probe = text ? script_load_text(h->cfg->script_path, text, len, &h->sh, err,
-                                                 sizeof err) : NULL;
+  struct script *probe = text ? reload_load_bounded(h->cfg->script_path, text, len, &h->sh,
+                                                    host_load_limit(h), err, sizeof err)
+                              : NULL;
   if (!probe) {
     log_error("hot swap (%s) refused, slots keep version %s: %s", why, r->version, err);
     free(text);
@@ -181,4 +208,118 @@ static void try_reload(struct reload *r, const char *why)
   pthread_mutex_unlock(&h->mu);
   log_info("hot swap (%s): slots load version %s between tasks%s", why, r->version,
            changed ? "" : " (script unchanged; modules reloaded)");
+}
+
+struct script *reload_load_bounded(const char *path, const char *text, size_t len,
+                                   const struct script_host *sh, double limit_s, char *err,
+                                   size_t errlen)
+{
+  struct load_job *j = calloc(1, sizeof *j);
+  if (j) {
+    j->path = strdup(path);
+    j->text = malloc(len ? len : 1);
+  }
+  if (!j || !j->path || !j->text) {
+    snprintf(err, errlen, "out of memory loading %s", path);
+    if (j) {
+      free(j->path);
+      free(j->text);
+    }
+    free(j);
+    return NULL;
+  }
+  memcpy(j->text, text, len);
+  j->len = len;
+  j->sh = sh;
+  j->refs = 2;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&j->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_t thread;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  /* Signals stay with the signal thread: this one inherits the caller's mask (blocked). */
+  int rc = pthread_create(&thread, &attr, load_main, j);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    snprintf(err, errlen, "cannot start a thread to load %s", path);
+    j->refs = 1;
+    load_job_unref(j);
+    return NULL;
+  }
+  double deadline = task_now() + limit_s;
+  struct script *s = NULL;
+  pthread_mutex_lock(&j->mu);
+  while (!j->done) {
+    double left = deadline - task_now();
+    if (left <= 0)
+      break;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long ns = (long long)ts.tv_nsec + (long long)(left * 1e9);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+  }
+  if (j->done) {
+    s = j->result;
+    j->result = NULL;
+    if (!s)
+      snprintf(err, errlen, "%s", j->err);
+  } else {
+    j->abandoned = 1;
+    atomic_fetch_add(&loaders_stuck, 1);
+    snprintf(err, errlen, "setup did not return within %.0f s (wedged inside one C call?); "
+             "its thread is abandoned", limit_s);
+  }
+  pthread_mutex_unlock(&j->mu);
+  load_job_unref(j);
+  return s;
+}
+
+int reload_loaders_stuck(void)
+{
+  return atomic_load(&loaders_stuck);
+}
+
+static void *load_main(void *arg)
+{
+  struct load_job *j = arg;
+  char err[DB_ERR_MAX];
+  struct script *s = script_load_text(j->path, j->text, j->len, j->sh, err, sizeof err);
+  pthread_mutex_lock(&j->mu);
+  if (j->abandoned) {
+    /* Nobody waits any more: the caller went on without this version. */
+    atomic_fetch_sub(&loaders_stuck, 1);
+    pthread_mutex_unlock(&j->mu);
+    script_free(s);
+  } else {
+    j->result = s;
+    if (!s)
+      snprintf(j->err, sizeof j->err, "%s", err);
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+  }
+  load_job_unref(j);
+  return NULL;
+}
+
+static void load_job_unref(struct load_job *j)
+{
+  pthread_mutex_lock(&j->mu);
+  int last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last)
+    return;
+  script_free(j->result);
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j->path);
+  free(j->text);
+  free(j);
 }

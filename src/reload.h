@@ -9,8 +9,12 @@
 #ifndef LEASH_RELOAD_H
 #define LEASH_RELOAD_H
 
+#include <stddef.h>
+
 struct host;
 struct reload;
+struct script;
+struct script_host;
 
 /* NULL (logged) when inotify or the thread cannot start; hot swap then works by SIGHUP only
    if the caller falls back to reload_request... so the host treats NULL as a start failure. */
@@ -18,5 +22,19 @@ struct reload *reload_start(struct host *h);
 /* Asks for a reload now (SIGHUP); async-signal-safe. */
 void reload_request(struct reload *r);
 void reload_stop(struct reload *r);
+
+/* Loads a version (script_load_text) on a thread of its own and waits at most limit_s for
+   it. script.c's count hook bounds a setup that loops in Lua, but not one wedged inside a
+   single C call (a sort, a find): past limit_s the load is refused with err "setup did not
+   return within ...", the caller goes on, and the stuck thread is abandoned. It frees its
+   state if it ever returns; until then it holds a core (reload_loaders_stuck counts it).
+   text is copied. Used for every load of `leash run`: the start probe, each slot's first
+   state, hot-swap probes and each slot's reload between tasks. */
+struct script *reload_load_bounded(const char *path, const char *text, size_t len,
+                                   const struct script_host *sh, double limit_s, char *err,
+                                   size_t errlen);
+
+/* Loads abandoned by reload_load_bounded that have not returned yet. */
+int reload_loaders_stuck(void);
 
 #endif

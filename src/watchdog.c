@@ -1,0 +1,160 @@
+/* watchdog: finds wedged slots and has the process give its leases back and exit. See
+   watchdog.h. */
+#include "watchdog.h"
+
+#include "host_internal.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TICK_S 0.1
+
+struct watchdog {
+  struct host *h;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;            /* CLOCK_MONOTONIC; signalled by watchdog_stop */
+  int quit;
+};
+
+static void *watchdog_main(void *arg);
+static int check_slots(struct host *h, double now);
+static int wait_tick(struct watchdog *w, double seconds);
+
+struct watchdog *watchdog_start(struct host *h)
+{
+  struct watchdog *w = calloc(1, sizeof *w);
+  if (!w)
+    return NULL;
+  w->h = h;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (pthread_create(&w->thread, NULL, watchdog_main, w) != 0) {
+    log_error("cannot start the watchdog thread");
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+    return NULL;
+  }
+  return w;
+}
+
+void watchdog_stop(struct watchdog *w)
+{
+  if (!w)
+    return;
+  pthread_mutex_lock(&w->mu);
+  w->quit = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->thread, NULL);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+static void *watchdog_main(void *arg)
+{
+  struct watchdog *w = arg;
+  struct host *h = w->h;
+  for (;;) {
+    if (wait_tick(w, TICK_S))
+      return NULL;
+    if (check_slots(h, task_now()))
+      break;
+  }
+  /* The dispatcher exits the process from wedge_exit; this is only for when it cannot (it is
+     waiting on a database that is away): then the leases expire, as after a crash. */
+  if (wait_tick(w, WATCHDOG_BACKSTOP_S))
+    return NULL;
+  log_error("watchdog: the dispatcher did not give the leases back within %.0f s; exiting "
+            "with status %d, held leases will expire", WATCHDOG_BACKSTOP_S, HOST_EXIT_WEDGED);
+  _exit(HOST_EXIT_WEDGED);
+}
+
+/* 1 when told to quit, else 0 after `seconds`. */
+static int wait_tick(struct watchdog *w, double seconds)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  long long ns = (long long)ts.tv_nsec + (long long)(seconds * 1e9);
+  ts.tv_sec += (time_t)(ns / 1000000000LL);
+  ts.tv_nsec = (long)(ns % 1000000000LL);
+  pthread_mutex_lock(&w->mu);
+  while (!w->quit && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0)
+    ;
+  int quit = w->quit;
+  pthread_mutex_unlock(&w->mu);
+  return quit;
+}
+
+/* One look at every slot. 1 once a slot was found wedged and handed to the dispatcher. */
+static int check_slots(struct host *h, double now)
+{
+  const struct host_config *cfg = h->cfg;
+  double grace = cfg->watchdog_grace;
+  double stop_grace = grace < WATCHDOG_STOP_GRACE_MAX_S ? grace : WATCHDOG_STOP_GRACE_MAX_S;
+  int stopping = atomic_load(&h->stopping);
+  char why[sizeof h->wedged_why];
+  int slot = -1, settle = 0;
+  struct task *wedged = NULL;
+  char id[32] = "", attempt[16] = "";
+
+  pthread_mutex_lock(&h->mu);
+  if (h->wedged) {
+    pthread_mutex_unlock(&h->mu);
+    return 1;
+  }
+  for (int i = 0; i < h->nwatch && !wedged; i++) {
+    struct slot_watch *sw = &h->watch[i];
+    struct task *t = sw->task;
+    if (!t)
+      continue;
+    int lost = atomic_load(&t->lost);
+    if (lost && sw->lost_seen == 0)
+      sw->lost_seen = now;
+    if (stopping && sw->stop_seen == 0)
+      sw->stop_seen = now;
+    double ran = now - sw->started;
+    if (cfg->task_timeout > 0 && ran >= cfg->task_timeout + grace)
+      snprintf(why, sizeof why, "handle ran %.1f s, stuck in one C call past --task-timeout "
+               "(%g s) + --watchdog-grace (%g s)", ran, cfg->task_timeout, grace);
+    else if (sw->stop_seen > 0 && now - sw->stop_seen >= stop_grace)
+      snprintf(why, sizeof why, "handle did not stop within %g s of the drain deadline's "
+               "stop (stuck in one C call)", stop_grace);
+    else if (sw->lost_seen > 0 && now - sw->lost_seen >= grace)
+      snprintf(why, sizeof why, "handle did not stop within --watchdog-grace (%g s) of "
+               "losing its lease (stuck in one C call)", grace);
+    else
+      continue;
+    wedged = t;
+    slot = i;
+    settle = !lost;
+    snprintf(id, sizeof id, "%lld", (long long)t->id);
+    snprintf(attempt, sizeof attempt, "%d", t->attempt);
+    /* No renewal from now on (lease.c skips lost tasks): a zombie cannot keep the row. */
+    atomic_store(&t->lost, 1);
+    h->wedged = 1;
+    h->wedged_task = t;
+    h->wedged_settle = settle;
+    snprintf(h->wedged_why, sizeof h->wedged_why, "%s", why);
+    pthread_cond_signal(&h->cv);
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (!wedged)
+    return 0;
+  struct log_field f[] = {
+    { "task_id", id }, { "attempt", attempt }, { "worker", cfg->worker_id }, { NULL, NULL },
+  };
+  log_fields(LOG_ERROR, f, "watchdog: slot %d is wedged: %s; the worker gives its leases back "
+             "and exits with status %d", slot, why, HOST_EXIT_WEDGED);
+  return 1;
+}
