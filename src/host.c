@@ -63,6 +63,7 @@ struct dispatcher {
 };
 
 static void *slot_main(void *arg);
+static void slot_close_script(struct slot *s, struct script *script);
 static void *signal_main(void *arg);
 static int dispatch(struct dispatcher *d);
 static int connect_at_start(struct dispatcher *d, char *err, size_t errlen);
@@ -745,7 +746,7 @@ static void wedge_exit(struct dispatcher *d)
   atomic_store(&h->stats.ready, 0);
   snprintf(why, sizeof why, "%s", h->wedged_why);
   struct task *w = h->wedged_task;
-  if (h->wedged_settle) {
+  if (w && h->wedged_settle) {
     copy = calloc(1, sizeof *copy);
     if (copy) {
       copy->id = w->id;
@@ -792,7 +793,8 @@ static void wedge_exit(struct dispatcher *d)
     nsettle++;
   }
   char err[DB_ERR_MAX];
-  const char *wrote = "not settled (its lease was already lost or given back)";
+  const char *wrote = w ? "not settled (its lease was already lost or given back)"
+                        : "none (the slot was closing a Lua state)";
   if (nsettle > 0) {
     char *applied = calloc((size_t)nsettle, 1);
     struct task *none = NULL;
@@ -818,11 +820,14 @@ static void wedge_exit(struct dispatcher *d)
       log_warn("watchdog: giving back %d lease%s failed (%s); they expire instead", nkeys,
                nkeys == 1 ? "" : "s", err);
   }
-  char id[32], attempt[16];
-  snprintf(id, sizeof id, "%lld", (long long)w->id);
-  snprintf(attempt, sizeof attempt, "%d", w->attempt);
+  char id[32] = "", attempt[16] = "";
+  if (w) {
+    snprintf(id, sizeof id, "%lld", (long long)w->id);
+    snprintf(attempt, sizeof attempt, "%d", w->attempt);
+  }
   struct log_field f[] = {
-    { "task_id", id }, { "attempt", attempt }, { "worker", h->cfg->worker_id }, { NULL, NULL },
+    { "task_id", w ? id : NULL }, { "attempt", w ? attempt : NULL },
+    { "worker", h->cfg->worker_id }, { NULL, NULL },
   };
   log_fields(LOG_ERROR, f, "watchdog: wedged task %s; %d other lease%s given back to pending; "
              "exiting with status %d without waiting for the wedged slot", wrote,
@@ -861,7 +866,7 @@ static void *slot_main(void *arg)
       free(text);
       if (fresh) {
         log_debug("slot %d now runs version %s", s->index, script_version(fresh));
-        script_free(s->script);
+        slot_close_script(s, s->script);
         s->script = fresh;
       } else {
         log_warn("slot %d keeps version %s: %s", s->index, script_version(s->script), err);
@@ -871,7 +876,7 @@ static void *slot_main(void *arg)
     atomic_fetch_add(&h->stats.busy_slots, 1);
     struct slot_watch *sw = &h->watch[s->index];
     pthread_mutex_lock(&h->mu);   /* what the watchdog sees: this task in handle() since now */
-    *sw = (struct slot_watch){ .task = t, .started = task_now() };
+    *sw = (struct slot_watch){ .task = t, .started = task_now() };   /* closing is 0 */
     pthread_mutex_unlock(&h->mu);
     script_run(s->script, t);
     atomic_fetch_sub(&h->stats.busy_slots, 1);
@@ -895,7 +900,23 @@ static void *slot_main(void *arg)
     pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
   }
+  slot_close_script(s, s->script);
+  s->script = NULL;
   return NULL;
+}
+
+/* lua_close runs the state's pending finalizers: C-level code the count hook cannot stop, so
+   the watchdog watches it like a task (a state closed at shutdown included). */
+static void slot_close_script(struct slot *s, struct script *script)
+{
+  struct host *h = s->h;
+  pthread_mutex_lock(&h->mu);
+  h->watch[s->index].closing = task_now();
+  pthread_mutex_unlock(&h->mu);
+  script_free(script);
+  pthread_mutex_lock(&h->mu);
+  h->watch[s->index].closing = 0;
+  pthread_mutex_unlock(&h->mu);
 }
 
 /* Draining: tasks claimed but not started go back to pending at once. */

@@ -39,7 +39,8 @@ struct host {
   /* Set once by the watchdog: a slot is wedged. The dispatcher settles, gives back the other
      leases and exits (host.c, wedge_exit); the watchdog's backstop exits if it cannot. */
   int wedged;
-  struct task *wedged_task;     /* the wedged slot's task (still owned by that slot) */
+  struct task *wedged_task;     /* the wedged slot's task (still owned by that slot), or NULL
+                                   when it was wedged closing a Lua state */
   int wedged_settle;            /* 1: settle it as CAUSE_WEDGED; 0: its lease was already lost */
   char wedged_why[256];
 };
@@ -52,6 +53,8 @@ struct slot_watch {
   double started;               /* monotonic, when handle() was called */
   double lost_seen;             /* when the watchdog first saw that task's lease lost, or 0 */
   double stop_seen;             /* when it first saw the stop (drain deadline), or 0 */
+  double closing;               /* since when the slot closes a Lua state (its finalizers
+                                   run, in C), or 0; under mu */
 };
 
 /* Loading a version (setup included) may take this long plus --watchdog-grace before it

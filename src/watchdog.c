@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #define TICK_S 0.1
+/* A tick this late means the whole process was frozen (SIGSTOP, a VM pause) or starved: the
+   slots' clocks ran on while none of them could move, so each gets a fresh grace. */
+#define TICK_LATE_S 1.0
 
 struct watchdog {
   struct host *h;
@@ -22,7 +25,7 @@ struct watchdog {
 };
 
 static void *watchdog_main(void *arg);
-static int check_slots(struct host *h, double now);
+static int check_slots(struct host *h, double now, double not_before);
 static int wait_tick(struct watchdog *w, double seconds);
 
 struct watchdog *watchdog_start(struct host *h)
@@ -65,10 +68,18 @@ static void *watchdog_main(void *arg)
 {
   struct watchdog *w = arg;
   struct host *h = w->h;
+  double last = task_now(), not_before = 0;
   for (;;) {
     if (wait_tick(w, TICK_S))
       return NULL;
-    if (check_slots(h, task_now()))
+    double now = task_now();
+    if (now - last > TICK_LATE_S) {
+      not_before = now + h->cfg->watchdog_grace;
+      log_info("watchdog: no tick for %.1f s (process frozen or starved); slots get a fresh "
+               "%g s grace", now - last, h->cfg->watchdog_grace);
+    }
+    last = now;
+    if (check_slots(h, now, not_before))
       break;
   }
   /* The dispatcher exits the process from wedge_exit; this is only for when it cannot (it is
@@ -96,8 +107,9 @@ static int wait_tick(struct watchdog *w, double seconds)
   return quit;
 }
 
-/* One look at every slot. 1 once a slot was found wedged and handed to the dispatcher. */
-static int check_slots(struct host *h, double now)
+/* One look at every slot. 1 once a slot was found wedged and handed to the dispatcher.
+   Before not_before (after a freeze) nothing is judged, only noted. */
+static int check_slots(struct host *h, double now, double not_before)
 {
   const struct host_config *cfg = h->cfg;
   double grace = cfg->watchdog_grace;
@@ -113,9 +125,27 @@ static int check_slots(struct host *h, double now)
     pthread_mutex_unlock(&h->mu);
     return 1;
   }
-  for (int i = 0; i < h->nwatch && !wedged; i++) {
+  int closing = 0;
+  for (int i = 0; i < h->nwatch && !wedged && !closing; i++) {
     struct slot_watch *sw = &h->watch[i];
     struct task *t = sw->task;
+    if (!t && sw->closing > 0 && now >= not_before) {
+      /* Closing a state runs its finalizers: stuck there, the slot never takes a task again,
+         and at shutdown the process would wait for it forever. */
+      double g = h->draining ? stop_grace : grace;
+      if (now - sw->closing < g)
+        continue;
+      snprintf(why, sizeof why, "closing a Lua state did not finish within %g s (a finalizer "
+               "stuck in one C call)", g);
+      closing = 1;
+      slot = i;
+      h->wedged = 1;
+      h->wedged_task = NULL;
+      h->wedged_settle = 0;
+      snprintf(h->wedged_why, sizeof h->wedged_why, "%s", why);
+      pthread_cond_signal(&h->cv);
+      break;
+    }
     if (!t)
       continue;
     int lost = atomic_load(&t->lost);
@@ -124,6 +154,8 @@ static int check_slots(struct host *h, double now)
     if (stopping && sw->stop_seen == 0)
       sw->stop_seen = now;
     double ran = now - sw->started;
+    if (now < not_before)
+      continue;
     if (cfg->task_timeout > 0 && ran >= cfg->task_timeout + grace)
       snprintf(why, sizeof why, "handle ran %.1f s, stuck in one C call past --task-timeout "
                "(%g s) + --watchdog-grace (%g s)", ran, cfg->task_timeout, grace);
@@ -148,7 +180,17 @@ static int check_slots(struct host *h, double now)
     snprintf(h->wedged_why, sizeof h->wedged_why, "%s", why);
     pthread_cond_signal(&h->cv);
   }
+  int nheld = h->nheld;
   pthread_mutex_unlock(&h->mu);
+  if (closing) {
+    log_error("watchdog: slot %d is wedged: %s; exiting with status %d", slot, why,
+              HOST_EXIT_WEDGED);
+    /* Nothing held (the shutdown, where the dispatcher is joining that slot): nothing to
+       give back, so no need to wait for the dispatcher. */
+    if (nheld == 0)
+      _exit(HOST_EXIT_WEDGED);
+    return 1;
+  }
   if (!wedged)
     return 0;
   struct log_field f[] = {
