@@ -186,4 +186,28 @@ case_start_with_a_wedged_setup_exits_1() {
   assert_eq "the task was never claimed" "$(q "select status || '|' || attempts from agent_work_queue")" "pending|0"
 }
 
+# 7. SIGTERM ends the process even when a finalizer loops forever as the slot closes its state
+# at shutdown (C code: lua_close runs finalizers with hooks off). The drain itself succeeded,
+# so the task is done; the exit is 3 when the watchdog had to end the close, or 0 where the
+# sandbox refuses such a finalizer. Either way within --drain-timeout + ~3 s, not never.
+case_sigterm_ends_even_when_a_finalizer_loops_at_state_close() {
+  run_setup
+  enqueue --shard gc '{"gc_at_close":true}'
+  start_worker G "$FIX/wedge.lua" --concurrency 1 --drain-timeout 1 --poll-ms 20-50
+  wait_for "the task to be done" 20 q_true "select status = 'done' from agent_work_queue"
+  local t0
+  t0=$(_t_now_us)
+  kill -TERM "${W_PID[G]}"
+  wait_worker G 15
+  [[ $W_RC == 0 || $W_RC == 3 ]] || fail "exit status of G: $W_RC (want 0, or 3 from the watchdog)"
+  local ms
+  ms=$(ms_since "$t0")
+  ((ms < 4500)) || fail "G took ${ms} ms to exit after SIGTERM (drain timeout 1 s + stop grace 2 s)"
+  if ((W_RC == 3)); then
+    log_has G "closing a Lua state did not finish within 2 s" \
+      || fail "exit 3 without the cause"$'\n'"$(worker_log G)"
+  fi
+  assert_no_sanitizer_reports
+}
+
 t_run "$@"
