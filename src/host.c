@@ -624,8 +624,11 @@ static int must_give_up(struct dispatcher *d)
   pthread_mutex_lock(&d->h->mu);
   int draining = d->h->draining, wedged = d->h->wedged;
   pthread_mutex_unlock(&d->h->mu);
+  /* Wedged: the dispatch loop's next turn settles, releases and exits. A cycle already under
+     way on a working connection finishes (its outcomes and claims are then settled or given
+     back there); one waiting for the database stops waiting. */
   if (wedged)
-    return 1;   /* the dispatch loop's next turn settles, releases and exits */
+    return !d->conn || PQstatus(d->conn) != CONNECTION_OK;
   if (draining && d->drain_deadline == 0)
     d->drain_deadline = task_now() + d->h->cfg->drain_timeout;
   return draining && task_now() >= d->drain_deadline;
