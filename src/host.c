@@ -95,12 +95,16 @@ static struct dispatcher *signal_target;
 
 int host_run(const struct host_config *cfg)
 {
-  struct host h = { .cfg = cfg };
+  /* Static, as the statements below: a refused version's setup stuck in C keeps pointers to
+     h.sh after this returns (reload.h), and what is left for it must stay reachable. */
+  static struct host h;
+  static struct queue_script_sql script_sql;
+  h = (struct host){ .cfg = cfg };
+  script_sql = (struct queue_script_sql){ 0 };
   struct dispatcher d = { .h = &h, .backoff = 0.1 };
   struct lease *lease = NULL;
   struct metrics *metrics = NULL;
   struct watchdog *watchdog = NULL;
-  struct queue_script_sql script_sql = { 0 };
   pthread_t sig_thread;
   int sig_started = 0, rc = 1, started = 0;
   char err[DB_ERR_MAX];

@@ -123,6 +123,8 @@ case_two_sigterms_within_a_second_are_one_drain() {
   start_worker D "$FIX/wedge.lua" --concurrency 2 --drain-timeout 20 --poll-ms 20-50
   wait_for "the task to start" 20 started 1
   kill -TERM "${W_PID[D]}"
+  # After the first is taken (two pending SIGTERMs would merge in the kernel into one).
+  wait_for "the drain to start" 5 log_has D "SIGTERM: draining"
   kill -TERM "${W_PID[D]}"
   assert_worker_exit D 20 0
   assert_eq "the task finished during the drain" "$(row innocent1 status)" "done"
