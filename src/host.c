@@ -1,4 +1,4 @@
-/* host: the dispatcher, the slots and the signal thread. See host.h. */
+/* host: the dispatcher and the slots (the signal thread is signals.c). See host.h. */
 #include "host.h"
 
 #include "dbpool.h"
@@ -10,10 +10,10 @@
 #include "reload.h"
 #include "report.h"
 #include "script.h"
+#include "signals.h"
 #include "watchdog.h"
 
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +26,6 @@
 #define SLOT_STACK (512 * 1024)
 #define PROGRESS_EVERY_S 10.0
 #define IDLE_POLL_MAX_S 5.0
-/* A second SIGTERM this soon after the first is the same request: GNU timeout(1), a shell or
-   a supervisor may signal the process and then its group (or both at once). */
-#define SIGNAL_COALESCE_S 1.0
 
 struct slot {
   struct host *h;
@@ -51,11 +48,8 @@ struct dispatcher {
   struct task *ready, **ready_tail; /* claimed, not started: slots take them directly */
   int nready;
   int quit;                         /* slots exit */
-  int signals;                      /* SIGTERM/SIGINT seen (one burst counts once) */
-  double first_signal;              /* monotonic, the first SIGTERM/SIGINT */
   PGconn *conn;
   struct queue *q;
-  struct reload *reload;
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt, avg_duration;     /* moving averages (s): cycle round trip, task run time */
@@ -64,7 +58,6 @@ struct dispatcher {
 
 static void *slot_main(void *arg);
 static void slot_close_script(struct slot *s, struct script *script);
-static void *signal_main(void *arg);
 static int dispatch(struct dispatcher *d);
 static int connect_at_start(struct dispatcher *d, char *err, size_t errlen);
 static int ensure_connection(struct dispatcher *d);
@@ -90,9 +83,6 @@ static double next_idle_poll(const struct host_config *cfg, double current, int 
 static void log_task(enum log_level lvl, const struct host *h, const struct task *t,
                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* The signal thread reaches the dispatcher through this; set once before it starts. */
-static struct dispatcher *signal_target;
-
 int host_run(const struct host_config *cfg)
 {
   /* Static, as the statements below: a refused version's setup stuck in C keeps pointers to
@@ -105,11 +95,10 @@ int host_run(const struct host_config *cfg)
   struct lease *lease = NULL;
   struct metrics *metrics = NULL;
   struct watchdog *watchdog = NULL;
-  pthread_t sig_thread;
-  int sig_started = 0, rc = 1, started = 0;
+  struct signals *signals = NULL;
+  int rc = 1, started = 0;
   char err[DB_ERR_MAX];
   pthread_condattr_t ca;
-  sigset_t set;
 
   pthread_mutex_init(&h.mu, NULL);
   pthread_cond_init(&h.cv, NULL);
@@ -168,16 +157,11 @@ int host_run(const struct host_config *cfg)
   }
 
   /* Signals go to one thread that only sets flags; every other thread blocks them. */
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, NULL);
-  signal(SIGPIPE, SIG_IGN);
-  signal_target = &d;
-  if (pthread_create(&sig_thread, NULL, signal_main, NULL) == 0)
-    sig_started = 1;
+  signals = signals_start(&h);
+  if (!signals) {
+    log_error("cannot start the signal thread");
+    goto out;
+  }
 
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -203,15 +187,15 @@ int host_run(const struct host_config *cfg)
     lease = lease_start(&h);
     watchdog = watchdog_start(&h);
     struct reload *r = reload_start(&h);
-    pthread_mutex_lock(&h.mu);   /* the signal thread reads d.reload under mu */
-    d.reload = r;
+    pthread_mutex_lock(&h.mu);   /* the signal thread reads h.reload under mu */
+    h.reload = r;
     pthread_mutex_unlock(&h.mu);
-    if (cfg->metrics_addr && lease && d.reload) {
+    if (cfg->metrics_addr && lease && h.reload) {
       metrics = metrics_start(cfg->metrics_addr, &h, err, sizeof err);
       if (!metrics)
         log_error("%s", err);
     }
-    if (lease && watchdog && d.reload && (metrics || !cfg->metrics_addr)) {
+    if (lease && watchdog && h.reload && (metrics || !cfg->metrics_addr)) {
       atomic_store(&h.stats.ready, 1);
       log_info("worker %s running %d slot%s on %s", cfg->worker_id, cfg->concurrency,
                cfg->concurrency == 1 ? "" : "s", cfg->table);
@@ -238,11 +222,8 @@ int host_run(const struct host_config *cfg)
            atomic_load(&h.stats.done), atomic_load(&h.stats.retried),
            atomic_load(&h.stats.dead), atomic_load(&h.stats.lost), atomic_load(&h.stats.late));
 out:
-  if (sig_started) {
-    pthread_kill(sig_thread, SIGUSR1);
-    pthread_join(sig_thread, NULL);
-  }
-  reload_stop(d.reload);
+  signals_stop(signals);
+  reload_stop(h.reload);
   while (d.done) {
     struct task *t = d.done;
     d.done = t->next;
@@ -956,43 +937,6 @@ static void release_ready(struct dispatcher *d)
     struct task *t = list;
     list = t->next;
     task_free(t);
-  }
-}
-
-static void *signal_main(void *arg)
-{
-  (void)arg;
-  struct dispatcher *d = signal_target;
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  sigaddset(&set, SIGUSR1);
-  for (;;) {
-    int sig;
-    if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
-      return NULL;
-    pthread_mutex_lock(&d->h->mu);
-    if (sig == SIGHUP) {
-      if (d->reload)
-        reload_request(d->reload);
-    } else if (d->signals++ == 0) {
-      d->first_signal = task_now();
-      d->h->draining = 1;
-      atomic_store(&d->h->stats.ready, 0);
-      log_info("%s: draining (a second signal stops at once)", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    } else if (task_now() - d->first_signal < SIGNAL_COALESCE_S) {
-      /* One request delivered twice (to the process and to its group), not an impatient
-         operator: the drain goes on. A signal after this window still stops at once. */
-      log_info("%s %.1f s after the first: the same request, still draining",
-               sig == SIGINT ? "SIGINT" : "SIGTERM", task_now() - d->first_signal);
-    } else {
-      log_warn("second signal: stopping at once; held leases will expire");
-      _exit(1);
-    }
-    pthread_cond_signal(&d->h->cv);
-    pthread_mutex_unlock(&d->h->mu);
   }
 }
 

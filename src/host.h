@@ -7,7 +7,8 @@
  *     heartbeats: it renews every held lease in one statement per interval, reaps expired
  *     leases, and LISTENs for new work;
  *   - N slot threads each own one Lua state and run one task at a time;
- *   - a signal thread turns SIGTERM/SIGINT into a drain and SIGHUP into a hot swap.
+ *   - a signal thread (signals.c) turns SIGTERM/SIGINT into a drain and SIGHUP into a hot swap;
+ *   - a watchdog thread (watchdog.c) ends the process when a slot is wedged inside a C call.
  * Scripts' leash.db.query calls share a small pool (dbpool.c): connections stay few
  * whatever the number of slots.
  */

@@ -32,6 +32,7 @@ struct host {
   char *script_text;            /* the script's text of that generation: slots load this, */
   size_t script_len;            /* not the file, which may have changed since the probe */
   char version[17];             /* the version loaded at start */
+  struct reload *reload;        /* hot swap; the signal thread reads it (SIGHUP) under mu */
 
   /* The watchdog (watchdog.c) reads these; see struct slot_watch. */
   struct slot_watch *watch;     /* one per slot, allocated before the slots start */

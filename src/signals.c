@@ -1,0 +1,88 @@
+/* signals: SIGTERM/SIGINT drain, SIGHUP hot swap, on a thread of their own. See signals.h. */
+#include "signals.h"
+
+#include "host_internal.h"
+#include "log.h"
+#include "reload.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct signals {
+  struct host *h;
+  pthread_t thread;
+  int count;                    /* SIGTERM/SIGINT seen */
+  double first;                 /* monotonic, the first of them */
+};
+
+static void *signals_main(void *arg);
+
+static void signal_set(sigset_t *set)
+{
+  sigemptyset(set);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGHUP);
+  sigaddset(set, SIGUSR1);   /* signals_stop */
+}
+
+struct signals *signals_start(struct host *h)
+{
+  sigset_t set;
+  signal_set(&set);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  struct signals *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  s->h = h;
+  if (pthread_create(&s->thread, NULL, signals_main, s) != 0) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+void signals_stop(struct signals *s)
+{
+  if (!s)
+    return;
+  pthread_kill(s->thread, SIGUSR1);
+  pthread_join(s->thread, NULL);
+  free(s);
+}
+
+static void *signals_main(void *arg)
+{
+  struct signals *s = arg;
+  struct host *h = s->h;
+  sigset_t set;
+  signal_set(&set);
+  for (;;) {
+    int sig;
+    if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
+      return NULL;
+    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
+    pthread_mutex_lock(&h->mu);
+    if (sig == SIGHUP) {
+      if (h->reload)
+        reload_request(h->reload);
+    } else if (s->count++ == 0) {
+      s->first = task_now();
+      h->draining = 1;
+      atomic_store(&h->stats.ready, 0);
+      log_info("%s: draining (a second signal stops at once)", name);
+    } else if (task_now() - s->first < SIGNALS_COALESCE_S) {
+      /* One request delivered twice (to the process and to its group), not an impatient
+         operator: the drain goes on. */
+      log_info("%s %.1f s after the first: the same request, still draining", name,
+               task_now() - s->first);
+    } else {
+      log_warn("second signal: stopping at once; held leases will expire");
+      _exit(1);
+    }
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+  }
+}

@@ -1,0 +1,24 @@
+/*
+ * signals: the signal thread of `leash run`. Every other thread blocks SIGINT, SIGTERM and
+ * SIGHUP; this one takes them with sigwait and only sets flags under h->mu:
+ *   - SIGTERM/SIGINT: drain (h->draining; the dispatcher stops claiming, see host.c). More of
+ *     them within SIGNALS_COALESCE_S of the first are the same request (GNU timeout(1), a
+ *     shell or a supervisor may signal the process and then its group); one later than that
+ *     stops at once: _exit(1), the leases held expire;
+ *   - SIGHUP: a hot swap (reload_request on h->reload).
+ */
+#ifndef LEASH_SIGNALS_H
+#define LEASH_SIGNALS_H
+
+struct host;
+struct signals;
+
+#define SIGNALS_COALESCE_S 1.0
+
+/* Blocks the signals in the calling thread (so call it before starting other threads, which
+   inherit the mask), ignores SIGPIPE and starts the thread; NULL when it cannot start. */
+struct signals *signals_start(struct host *h);
+/* Stops and joins the thread. */
+void signals_stop(struct signals *s);
+
+#endif
