@@ -29,12 +29,19 @@ past() { (($(_t_now_us) - $1 >= $2 * 1000)); }
 # 1. A task wedged in C past --task-timeout + --watchdog-grace: the worker settles it as a
 # retry with cause wedged (attempt charged, so a poison task runs out of attempts), gives the
 # two innocent running tasks' leases back before it exits (rows pending, attempt not charged,
-# long before the 600 s visibility), logs the cause once and exits 3. Both wedges.
+# long before the 600 s visibility), logs the cause once and exits 3. Both wedges; the find
+# one on its last attempt, which the settle writes dead like any retry with none left.
 case_task_wedged_past_the_timeout_is_settled_and_the_worker_exits_3() {
-  local how
+  local how want_row
   for how in sort find; do
     run_setup "$how"
-    enqueue --shard wedge "{\"wedge\":\"$how\"}"
+    if [[ $how == sort ]]; then
+      enqueue --shard wedge "{\"wedge\":\"$how\"}"
+      want_row="pending|1|null"
+    else
+      enqueue --shard wedge --max-attempts 1 "{\"wedge\":\"$how\"}"
+      want_row="dead|1|null"
+    fi
     start_worker "T$how" "$FIX/wedge.lua" --concurrency 3 --task-timeout 5 --watchdog-grace 1 \
       --poll-ms 20-50
     wait_for "the wedging task to start ($how)" 20 started 1
@@ -52,7 +59,7 @@ case_task_wedged_past_the_timeout_is_settled_and_the_worker_exits_3() {
     innocents_released
     assert_eq "wedged task (status|attempts|locked_until)" \
       "$(row wedge "status || '|' || attempts || '|' || coalesce(locked_until::text, 'null')")" \
-      "pending|1|null"
+      "$want_row"
     local err
     err=$(row wedge last_error)
     assert_contains "last_error of the wedged task" "$err" "wedged: handle ran"
