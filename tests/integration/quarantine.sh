@@ -139,4 +139,21 @@ case_a_crash_is_counted_and_a_release_is_not() {
     "crash: the lease of worker w expired"
 }
 
+case_max_crashes_out_of_range_is_refused_at_enqueue() {
+  t_newdb
+  expect_exit 0 "$LEASH" migrate
+  local v
+  for v in 0 1001 -1 1.5 x; do
+    expect_exit 2 "$LEASH" enqueue --max-crashes "$v" '{}'
+    assert_contains "--max-crashes $v" "$(<"$T_ERR")" "--max-crashes must be an integer from 1 to 1000"
+  done
+  for v in 0 1001 1.5 '"3"' null; do
+    expect_exit 2 "$LEASH" enqueue --file - <<<"{\"payload\":{},\"max_crashes\":$v}"
+    assert_contains "max_crashes $v" "$(<"$T_ERR")" '"max_crashes" must be an integer from 1 to 1000'
+  done
+  assert_eq "nothing enqueued" "$(q "select count(*) from agent_work_queue")" 0
+  expect_exit 0 "$LEASH" enqueue --file - <<<'{"payload":{},"max_crashes":1000}'
+  assert_eq "the bound itself" "$(q "select max_crashes from agent_work_queue")" 1000
+}
+
 t_run "$@"
