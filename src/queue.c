@@ -270,9 +270,32 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
   }
   const char *params[] = { id_list, att_list, q->owner, q->visibility };
   PGresult *r = db_exec(c, q->heartbeat_sql, 4, params, err, errlen);
+  memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
+  if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
+    /* One row refuses its renewal (a user trigger, say): renew the others one by one, or
+       every lease of this process would lapse and count as a crash. The refusing one stays
+       unknown, so its local deadline decides. */
+    log_warn("heartbeat failed on a row (%s); renewing one by one", err);
+    for (int k = 0; k < n; k++) {
+      char id1[32], att1[32];
+      snprintf(id1, sizeof id1, "{%lld}", (long long)keys[k].id);
+      snprintf(att1, sizeof att1, "{%d}", keys[k].attempt);
+      const char *one[] = { id1, att1, q->owner, q->visibility };
+      PGresult *r1 = db_exec(c, q->heartbeat_sql, 4, one, err, errlen);
+      if (!r1) {
+        if (PQstatus(c) != CONNECTION_OK || !queue_row_error(db_last_sqlstate()))
+          goto out;
+        continue;
+      }
+      if (PQntuples(r1) > 0)
+        renewed[k] = strcmp(PQgetvalue(r1, 0, 1), "t") == 0 ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;
+      PQclear(r1);
+    }
+    rc = 0;
+    goto out;
+  }
   if (!r)
     goto out;
-  memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
     long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
     char answer = strcmp(PQgetvalue(r, row, 1), "t") == 0 ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;

@@ -184,6 +184,24 @@ case_a_trigger_refusing_one_reap_sets_that_row_aside() {
   assert_eq "the other expired lease ran again" "$(q "select crashes || '|' || status from agent_work_queue where shard_key = 'k1'")" "1|done"
 }
 
+# A trigger refusing one lease's renewal must not make the process's other leases lapse (each
+# lapse would count as a crash of an innocent task): the others are renewed one by one and
+# finish with no crash; the refused one lapses, and its crashes quarantine it.
+case_a_trigger_refusing_one_heartbeat_lets_the_others_renew() {
+  run_setup
+  refusing_trigger "OLD.status = 'leased' and NEW.status = 'leased' and NEW.locked_until > OLD.locked_until"
+  q "insert into agent_work_queue (tenant_id, shard_key, payload)
+     select 'default', s, '{\"sleep\": 3}' from unnest(array['bad', 'k1', 'k2', 'k3']) s" >/dev/null
+  expect_exit 0 "$LEASH" run "$FIX/record.lua" --until-empty --concurrency 4 --visibility 2 \
+    --heartbeat 0.5 --poll-ms 20-50
+  assert_eq "the others: done, no crash" \
+    "$(q "select string_agg(status || '|' || crashes, ',' order by id) from agent_work_queue where shard_key <> 'bad'")" \
+    "done|0,done|0,done|0"
+  assert_contains "the fallback said so" "$(<"$T_ERR")" "renewing one by one"
+  assert_eq "the refused one" "$(q "select status || '|' || last_cause || '|' || crashes from agent_work_queue where shard_key = 'bad'")" \
+    "dead|quarantined|3"
+}
+
 # An error that is not the row's (here a serialization failure raised by a trigger) must not
 # set rows aside: the cycle fails as before, and once the cause is gone everything runs.
 case_an_error_that_is_not_the_rows_sets_nothing_aside() {
