@@ -7,6 +7,6 @@ GRANT SELECT, INSERT, UPDATE ON agent_work_queue TO leash_worker;        -- enqu
 GRANT USAGE ON SEQUENCE agent_work_queue_id_seq TO leash_worker;         -- ids for enqueue
 GRANT SELECT, INSERT, DELETE ON agent_work_queue_steps TO leash_worker;  -- leash.step; settle drops
 GRANT SELECT ON agent_work_queue_migrations TO leash_worker;             -- schema version check
--- Functions (<table>_claim, _settle, _cycle, _reap, _release) are SECURITY INVOKER and
+-- Functions (<table>_cycle, _cycle_rows, _reap, _reap_rows, _release, _row_error) are SECURITY INVOKER and
 -- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
 -- Whatever the scripts' own leash.db.query statements touch is granted separately.

@@ -15,7 +15,7 @@ static const char usage[] =
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
   "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
   "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
-  "max_attempts; the options below are the defaults for what a line leaves out. Every line\n"
+  "max_attempts, max_crashes; the options below are the defaults for what a line leaves out. Every line\n"
   "is checked before anything is written; one bad line rejects the whole file.\n\n"
   "options:\n"
   "  --tenant T            tenant_id (default 'default')\n"
@@ -23,17 +23,19 @@ static const char usage[] =
   "  --delay S             runnable after S (seconds, or 500ms, 5m, 2h, 1d)\n"
   "  --run-after TS        runnable after the timestamp TS\n"
   "  --max-attempts N      attempts before the task goes dead (default 8)\n"
+  "  --max-crashes N       crashed executions before it is quarantined (1-1000, default 3)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
-  OPT_BATCH, OPT_FILE,
+  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES,
 };
 
 /* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
 struct defaults {
   const char *tenant, *shard, *run_after, *delay, *max_attempts, *batch;
+  const char *max_crashes;   /* $8 */
   char delay_buf[32];
 };
 
@@ -41,13 +43,15 @@ struct defaults {
    columns line, doc (the task's JSON object) and run_after. The id is drawn first so a
    default shard can name it; ids follow line order. */
 static const char insert_fmt[] =
-  "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch) "
+  "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
+  "                max_crashes) "
   "SELECT s.id, coalesce(s.doc->>'tenant_id', $1, 'default'), "
   "       coalesce(s.doc->>'shard_key', $2, 'task:' || s.id), s.doc->'payload', "
   "       coalesce(s.run_after, now() + make_interval(secs => (s.doc->>'delay')::float8), "
   "                $3::timestamptz, now() + make_interval(secs => coalesce($4::float8, 0))), "
   "       coalesce((s.doc->>'max_attempts')::int, $5::int, 8), "
-  "       CASE WHEN s.doc ? 'batch' THEN s.doc->>'batch' ELSE $6 END "
+  "       CASE WHEN s.doc ? 'batch' THEN s.doc->>'batch' ELSE $6 END, "
+  "       coalesce((s.doc->>'max_crashes')::int, $8::int, 3) "
   "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, v.* FROM (%s) v) s "
   "RETURNING id";
 
@@ -68,6 +72,7 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     { "max-attempts", required_argument, NULL, OPT_MAX_ATTEMPTS },
     { "batch", required_argument, NULL, OPT_BATCH },
     { "file", required_argument, NULL, OPT_FILE },
+    { "max-crashes", required_argument, NULL, OPT_MAX_CRASHES },
     { NULL, 0, NULL, 0 },
   };
   struct defaults d = { 0 };
@@ -102,6 +107,12 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       break;
     case OPT_BATCH:
       d.batch = optarg;
+      break;
+    case OPT_MAX_CRASHES:
+      if (cli_parse_int(optarg, 1, 1000, &n) != 0)
+        return cli_usage_error(g, "--max-crashes must be an integer from 1 to 1000, not '%s'",
+                               optarg);
+      d.max_crashes = optarg;
       break;
     case OPT_FILE:
       file = optarg;
@@ -158,11 +169,11 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   }
   snprintf(doc, n, "{\"payload\":%s}", payload);
   snprintf(sql, sqln, insert_fmt, t->qualified,
-           "SELECT 1 AS line, $8::jsonb AS doc, NULL::timestamptz AS run_after");
+           "SELECT 1 AS line, $9::jsonb AS doc, NULL::timestamptz AS run_after");
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, doc };
+                           d->batch, t->qualified, d->max_crashes, doc };
   char err[DB_ERR_MAX];
-  PGresult *r = db_exec(c, sql, 8, params, err, sizeof err);
+  PGresult *r = db_exec(c, sql, 9, params, err, sizeof err);
   if (r) {
     printf("%s\n", PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -277,8 +288,8 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   }
   PQclear(r);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified };
-  r = db_exec(c, sql, 7, params, err, sizeof err);
+                           d->batch, t->qualified, d->max_crashes };
+  r = db_exec(c, sql, 8, params, err, sizeof err);
   if (!r) {
     rc = data_error(g, err);
     goto rollback;

@@ -8,7 +8,8 @@
 
 static const char usage[] =
   "usage: leash inspect ID [--json]\n\n"
-  "Prints a task's row (every column: status, attempts, last_error, payload, result, ...),\n"
+  "Prints a task's row (every column: status, attempts, last_error, last_cause, crashes and\n"
+  "max_crashes, payload, result, ...),\n"
   "the duration of its last attempt, and the steps stored for it (leash.step results, kept\n"
   "while the task is pending, leased or dead). leash keeps no per-attempt history: only the\n"
   "last attempt's error and timestamps are on the row.\n\n"

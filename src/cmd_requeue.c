@@ -9,7 +9,8 @@
 static const char usage[] =
   "usage: leash requeue --dead [--tenant T] [--batch B]\n"
   "       leash requeue --id N [--id N]... [--tenant T] [--batch B]\n\n"
-  "Puts dead tasks back to pending: attempts 0, runnable now, lease cleared. last_error,\n"
+  "Puts dead tasks back to pending: attempts and crashes 0, last_cause cleared, runnable now,\n"
+  "lease cleared (a quarantined task runs again). last_error,\n"
   "result and stored steps are kept, so a requeued task resumes after the steps it already\n"
   "paid for. Only dead tasks are touched: an --id that is pending, leased, done, missing or\n"
   "outside --tenant/--batch is left as it is and named on stderr. Prints the count.\n"
@@ -24,10 +25,11 @@ enum { OPT_DEAD = OPT_COMMAND_BASE, OPT_ID, OPT_TENANT, OPT_BATCH };
 
 #define REQUEUE_CHUNK "5000"
 
-/* What a requeued row becomes. */
+/* What a requeued row becomes: a fresh start for its attempts and its crashes (a quarantined
+   task runs again, with max_crashes more crashes allowed). */
 #define REQUEUE_SET \
-  "SET status = 'pending', attempts = 0, run_after = now(), locked_until = NULL, " \
-  "    updated_at = now() "
+  "SET status = 'pending', attempts = 0, crashes = 0, last_cause = NULL, run_after = now(), " \
+  "    locked_until = NULL, updated_at = now() "
 
 /* --dead, one chunk: %s twice (the table). $1 the last id done, $2 tenant, $3 batch, $4 the
    chunk size. Walking ids upwards ends the loop even when requeued tasks die again at once. */

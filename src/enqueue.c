@@ -1,6 +1,8 @@
 /* enqueue: line validation and COPY rows. See enqueue.h. */
 #include "enqueue.h"
 
+#include "lifecycle.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +14,8 @@ static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 static int append_escaped(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
 
 static const char *const known_keys[] = {
-  "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts", NULL,
+  "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
+  "max_crashes", NULL,
 };
 
 enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
@@ -53,7 +56,7 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
       known |= strcmp(*k, key) == 0;
     if (!known) {
       snprintf(err, errlen, "unknown field \"%s\" (expected payload, tenant_id, shard_key, "
-               "batch, run_after, delay, max_attempts)", key);
+               "batch, run_after, delay, max_attempts, max_crashes)", key);
       goto out;
     }
   }
@@ -89,6 +92,15 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
     double d = json_number_value(ma);
     if (!json_is_number(ma) || d < 1 || d > 2147483647.0 || d != floor(d)) {
       snprintf(err, errlen, "\"max_attempts\" must be an integer >= 1");
+      goto out;
+    }
+  }
+  json_t *mc = json_object_get(o, "max_crashes");
+  if (mc) {
+    double d = json_number_value(mc);
+    if (!json_is_number(mc) || d < 1 || d > LIFECYCLE_MAX_MAX_CRASHES || d != floor(d)) {
+      snprintf(err, errlen, "\"max_crashes\" must be an integer from 1 to %d",
+               LIFECYCLE_MAX_MAX_CRASHES);
       goto out;
     }
   }

@@ -3,8 +3,8 @@
  * writing lines as rows of COPY's text format. Pure: no database, so it can be fuzzed.
  * A line is a JSON object with "payload" (required, not null) and optional "tenant_id",
  * "shard_key", "batch" (strings; batch may be null), "run_after" (a timestamp string, parsed
- * by PostgreSQL), "delay" (seconds >= 0; not together with run_after) and "max_attempts"
- * (integer >= 1). Unknown fields and duplicate keys are errors: a typo must not silently
+ * by PostgreSQL), "delay" (seconds >= 0; not together with run_after), "max_attempts"
+ * (integer >= 1) and "max_crashes" (integer 1..1000: crashes before quarantine). Unknown fields and duplicate keys are errors: a typo must not silently
  * enqueue a task with defaults.
  */
 #ifndef LEASH_ENQUEUE_H

@@ -17,6 +17,14 @@
 /* Defaults a row gets when its inserter names none (the table's column defaults say the same). */
 #define LIFECYCLE_DEFAULT_MAX_ATTEMPTS 8
 #define LIFECYCLE_DEFAULT_MAX_CRASHES  3
+/* Bounds of a row, enforced by the table's constraints (sql/010_outcome_causes.sql): what the
+   claim can lease (one_lease_per_shard's btree entry holds tenant_id and shard_key) and the
+   counters can count. Lengths in bytes (octet_length). */
+#define LIFECYCLE_MAX_TENANT_BYTES 512
+#define LIFECYCLE_MAX_SHARD_BYTES  512
+#define LIFECYCLE_MAX_BATCH_BYTES  512
+#define LIFECYCLE_MAX_MAX_ATTEMPTS 1000
+#define LIFECYCLE_MAX_MAX_CRASHES  1000
 /* Backoff for a retry that names no delay: least(CAP, BASE ^ attempts) seconds. */
 #define LIFECYCLE_BACKOFF_BASE 2.0
 #define LIFECYCLE_BACKOFF_CAP_S 3600.0

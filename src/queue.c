@@ -2,6 +2,7 @@
 #include "queue.h"
 
 #include "lifecycle.h"
+#include "log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,8 @@
 
 struct queue {
   char *depth_sql;
-  char *heartbeat_sql, *reap_sql, *release_sql, *open_sql, *cycle_sql;
+  char *heartbeat_sql, *reap_sql, *reap_rows_sql, *release_sql, *open_sql, *cycle_sql;
+  char *cycle_rows_sql;
   char *owner;
   char visibility[32];
   double visibility_s;
@@ -35,20 +37,26 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   struct queue *q = calloc(1, sizeof *q);
   char *reap = db_table_object(t, c, "reap", 1), *release = db_table_object(t, c, "release", 1);
   char *cycle = db_table_object(t, c, "cycle", 1);
-  if (!q || !reap || !release || !cycle)
+  char *cycle_rows = db_table_object(t, c, "cycle_rows", 1);
+  char *reap_rows = db_table_object(t, c, "reap_rows", 1);
+  if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows)
     goto fail;
   q->reap_sql = format_sql("SELECT count(*) FROM %s()", reap);
+  q->reap_rows_sql = format_sql("SELECT count(*) FROM %s()", reap_rows);
   /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
   q->depth_sql = format_sql(
     "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), "
     "       count(*) FILTER (WHERE status = 'pending' AND run_after > now()), "
     "       count(*) FILTER (WHERE status = 'leased') "
     "  FROM %s WHERE status IN ('pending', 'leased')", t->qualified);
-  q->cycle_sql = format_sql(
+  /* The same text calls the cycle and its row-by-row fallback (sql/010). */
+  static const char cycle_fmt[] =
     "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
-    "       status "
+    "       status, cause "
     "FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], $7::jsonb[], "
-    "$8::int, $9::float8, $10::text[], $11)", cycle);
+    "$8::text[], $9::boolean[], $10::int, $11::float8, $12::text[], $13)";
+  q->cycle_sql = format_sql(cycle_fmt, cycle);
+  q->cycle_rows_sql = format_sql(cycle_fmt, cycle_rows);
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::int[])", release);
   /* Only a lease that has not expired is renewed: once expired, another claimer may already
      hold the shard, and reviving it would make two leases of one shard. Rows locked right
@@ -72,16 +80,20 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->owner = strdup(owner);
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
-  if (!q->reap_sql || !q->release_sql || !q->heartbeat_sql ||
-      !q->open_sql || !q->owner || !q->cycle_sql || !q->depth_sql)
+  if (!q->reap_sql || !q->release_sql || !q->heartbeat_sql || !q->open_sql || !q->owner ||
+      !q->cycle_sql || !q->depth_sql || !q->cycle_rows_sql || !q->reap_rows_sql)
     goto fail;
   free(cycle);
+  free(cycle_rows);
   free(reap);
+  free(reap_rows);
   free(release);
   return q;
 fail:
   free(cycle);
+  free(cycle_rows);
   free(reap);
+  free(reap_rows);
   free(release);
   queue_free(q);
   return NULL;
@@ -93,6 +105,8 @@ void queue_free(struct queue *q)
     return;
   free(q->heartbeat_sql);
   free(q->reap_sql);
+  free(q->reap_rows_sql);
+  free(q->cycle_rows_sql);
   free(q->release_sql);
   free(q->open_sql);
   free(q->cycle_sql);
@@ -101,14 +115,17 @@ void queue_free(struct queue *q)
   free(q);
 }
 
-/* The six array parameters of a settle ({ids}, {attempts}, {kinds}, {delays}, {errors},
-   {results}) for the first n tasks of list. 0, or -1 when out of memory (arrays freed). */
-static int settle_arrays(struct task *list, int n, struct text a[6])
+#define SETTLE_ARRAYS 8
+
+/* The array parameters of a settle ({ids}, {attempts}, {kinds}, {delays}, {errors},
+   {results}, {causes}, {crashed}) for the first n tasks of list. 0, or -1 when out of
+   memory (arrays freed). */
+static int settle_arrays(struct task *list, int n, struct text a[SETTLE_ARRAYS])
 {
   char num[64];
   int i = 0;
-  memset(a, 0, 6 * sizeof a[0]);
-  for (int k = 0; k < 6; k++)
+  memset(a, 0, SETTLE_ARRAYS * sizeof a[0]);
+  for (int k = 0; k < SETTLE_ARRAYS; k++)
     text_add(&a[k], "{", 1);
   for (struct task *t = list; t && i < n; t = t->next, i++) {
     const char *sep = i ? "," : "";
@@ -134,14 +151,20 @@ static int settle_arrays(struct task *list, int n, struct text a[6])
       text_add_quoted(&a[5], t->out.result);
     else
       text_add(&a[5], "NULL", 4);
+    /* Cause names are lower-case words: no quoting needed. */
+    const char *cause = lifecycle_cause_name(t->out.cause);
+    text_add(&a[6], sep, strlen(sep));
+    text_add(&a[6], cause, strlen(cause));
+    text_add(&a[7], sep, strlen(sep));
+    text_add(&a[7], lifecycle_cause_is_crash(t->out.cause) ? "t" : "f", 1);
   }
   int oom = 0;
-  for (int k = 0; k < 6; k++) {
+  for (int k = 0; k < SETTLE_ARRAYS; k++) {
     text_add(&a[k], "}", 1);
     oom |= a[k].oom;
   }
   if (oom) {
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < SETTLE_ARRAYS; k++)
       free(a[k].s);
     return -1;
   }
@@ -181,7 +204,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
                 char *err, size_t errlen)
 {
-  struct text a[6];
+  struct text a[SETTLE_ARRAYS];
   char nbuf[16];
   *out = NULL;
   if (settle_arrays(list, n, a) != 0) {
@@ -189,11 +212,19 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
     return -1;
   }
   snprintf(nbuf, sizeof nbuf, "%d", want);
-  const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s,
-                           nbuf, q->visibility, s->tenants, s->batch };
+  const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s, a[6].s,
+                           a[7].s, nbuf, q->visibility, s->tenants, s->batch };
   double now = task_now();
-  PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, 11, params, err, errlen);
-  for (int k = 0; k < 6; k++)
+  PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, 13, params, err, errlen);
+  if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
+    /* One row's data made the whole statement fail (sql/010: a shard key the index cannot
+       hold, attempts at INT_MAX, a user trigger raising). The same cycle
+       row by row in subtransactions sets that row aside and writes and claims the rest; the
+       fast path keeps no subtransaction for it. */
+    log_warn("cycle failed on a row (%s); retrying it row by row", err);
+    r = db_exec_prepared(c, "leash_cycle_rows", q->cycle_rows_sql, 13, params, err, errlen);
+  }
+  for (int k = 0; k < SETTLE_ARRAYS; k++)
     free(a[k].s);
   if (!r)
     return -1;
@@ -239,9 +270,32 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
   }
   const char *params[] = { id_list, att_list, q->owner, q->visibility };
   PGresult *r = db_exec(c, q->heartbeat_sql, 4, params, err, errlen);
+  memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
+  if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
+    /* One row refuses its renewal (a user trigger, say): renew the others one by one, or
+       every lease of this process would lapse and count as a crash. The refusing one stays
+       unknown, so its local deadline decides. */
+    log_warn("heartbeat failed on a row (%s); renewing one by one", err);
+    for (int k = 0; k < n; k++) {
+      char id1[32], att1[32];
+      snprintf(id1, sizeof id1, "{%lld}", (long long)keys[k].id);
+      snprintf(att1, sizeof att1, "{%d}", keys[k].attempt);
+      const char *one[] = { id1, att1, q->owner, q->visibility };
+      PGresult *r1 = db_exec(c, q->heartbeat_sql, 4, one, err, errlen);
+      if (!r1) {
+        if (PQstatus(c) != CONNECTION_OK || !queue_row_error(db_last_sqlstate()))
+          goto out;
+        continue;
+      }
+      if (PQntuples(r1) > 0)
+        renewed[k] = strcmp(PQgetvalue(r1, 0, 1), "t") == 0 ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;
+      PQclear(r1);
+    }
+    rc = 0;
+    goto out;
+  }
   if (!r)
     goto out;
-  memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
     long long id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
     char answer = strcmp(PQgetvalue(r, row, 1), "t") == 0 ? HEARTBEAT_RENEWED : HEARTBEAT_LOST;
@@ -287,9 +341,22 @@ int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int attempt
   return -1;
 }
 
+int queue_row_error(const char *sqlstate)
+{
+  static const char *const classes[] = { "22", "23", "54", "P0" };   /* <table>_row_error */
+  for (size_t i = 0; sqlstate && i < sizeof classes / sizeof classes[0]; i++)
+    if (strncmp(sqlstate, classes[i], 2) == 0)
+      return 1;
+  return 0;
+}
+
 int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen)
 {
   PGresult *r = db_exec(c, q->reap_sql, 0, NULL, err, errlen);
+  if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
+    log_warn("reap failed on a row (%s); reaping row by row", err);
+    r = db_exec(c, q->reap_rows_sql, 0, NULL, err, errlen);
+  }
   if (!r)
     return -1;
   int n = atoi(PQgetvalue(r, 0, 0));

@@ -61,7 +61,14 @@ enum { HEARTBEAT_LOST = 0, HEARTBEAT_RENEWED = 1, HEARTBEAT_UNKNOWN = 2 };
 int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, char *renewed,
                     char *err, size_t errlen);
 
-/* Expired leases back to pending (or dead); returns how many, or -1. */
+/* 1 when sqlstate is a row's fault (its data, a constraint, an index entry it cannot make, a
+   trigger's RAISE: classes 22, 23, 54, P0), which the row-by-row fallbacks of the cycle and
+   the reaper (sql/010) survive by setting that row aside; 0 for everything else (connection,
+   cancel, serialization, resources, permissions), which must propagate. */
+int queue_row_error(const char *sqlstate);
+
+/* Expired leases back to pending (or dead): each counts as a crash of the task, and the crash
+   that reaches its max_crashes quarantines it (dead). Returns how many, or -1. */
 int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen);
 
 /* Gives leases back to pending without charging the attempt; returns how many, or -1. */

@@ -6,14 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* %s is the queue table, then REPORT_EXAMPLE_IDS and REPORT_TOP_REASONS. $1 tenants (text[] or NULL), $2 batch, $3 the table's quoted name
+/* Dead tasks are also counted by last_cause (quarantined, bad_row, script_error, ...;
+   'unknown' for rows settled before 010), and crashes are summed over the scope.
+   %s is the queue table, then REPORT_EXAMPLE_IDS and REPORT_TOP_REASONS. $1 tenants (text[] or NULL), $2 batch, $3 the table's quoted name
    (for regclass). Built as JSON by PostgreSQL so that C only formats it. Dead reasons are
    grouped by the first line of last_error (a Lua traceback's first line names the place
    and the message), cut at 200 characters. Durations are those of done tasks' last attempt:
    started_at is set by every claim, finished_at by every settle. */
 static const char report_fmt[] =
   "WITH s AS MATERIALIZED ("
-  "  SELECT id, status, attempts, started_at, finished_at,"
+  "  SELECT id, status, attempts, started_at, finished_at, crashes,"
+  "         CASE WHEN status = 'dead' THEN coalesce(last_cause, 'unknown') END AS cause,"
   "         CASE WHEN status = 'done' AND finished_at IS NOT NULL AND started_at IS NOT NULL"
   "              THEN extract(epoch FROM finished_at - started_at)::float8 END AS d,"
   "         CASE WHEN status = 'dead'"
@@ -36,7 +39,9 @@ static const char report_fmt[] =
   "         max(d) AS dmax,"
   "         min(started_at) AS first_claim,"
   "         max(finished_at) FILTER (WHERE status IN ('done', 'dead')) AS last_finish,"
-  "         count(DISTINCT reason) AS reasons"
+  "         count(DISTINCT reason) AS reasons,"
+  "         coalesce(sum(crashes), 0) AS crashes,"
+  "         count(*) FILTER (WHERE crashes > 0) AS crashed_tasks"
   "    FROM s"
   ")"
   "SELECT json_build_object("
@@ -51,6 +56,12 @@ static const char report_fmt[] =
   "                 FROM (SELECT attempts, count(*) AS n FROM s GROUP BY attempts) k),"
   "  'retries', a.retries,"
   "  'retried_tasks', a.retried_tasks,"
+  "  'crashes', a.crashes,"
+  "  'crashed_tasks', a.crashed_tasks,"
+  "  'dead_causes', (SELECT coalesce(json_object_agg(k.cause, k.n ORDER BY k.n DESC, k.cause),"
+  "                                  '{}')"
+  "                    FROM (SELECT cause, count(*) AS n FROM s WHERE status = 'dead'"
+  "                           GROUP BY cause) k),"
   "  'duration_s', json_build_object('count', a.timed, 'p50', a.p50, 'p95', a.p95,"
   "                                  'max', a.dmax),"
   "  'dead_reasons', (SELECT coalesce(json_agg(json_build_object('reason', r.reason,"
@@ -195,6 +206,20 @@ static void print_text(const json_t *r, FILE *out)
   fprintf(out, "\n");
   fprintf(out, "retries    %lld (on %lld task%s)\n", (long long)get_int(r, "retries"),
           (long long)get_int(r, "retried_tasks"), get_int(r, "retried_tasks") == 1 ? "" : "s");
+
+  if (get_int(r, "crashes") > 0)
+    fprintf(out, "crashes    %lld (on %lld task%s)\n", (long long)get_int(r, "crashes"),
+            (long long)get_int(r, "crashed_tasks"), get_int(r, "crashed_tasks") == 1 ? "" : "s");
+  const json_t *causes = json_object_get(r, "dead_causes");
+  if (json_object_size(causes) > 0) {
+    fprintf(out, "dead causes");
+    int first = 1;
+    json_object_foreach((json_t *)causes, key, v) {
+      fprintf(out, "%s %s %lld", first ? "" : ",", key, (long long)json_integer_value(v));
+      first = 0;
+    }
+    fprintf(out, "\n");
+  }
 
   const json_t *d = json_object_get(r, "duration_s");
   if (get_int(d, "count") > 0) {

@@ -49,7 +49,24 @@ static void empty_and_single_key_sets(void)
   CHECK_INT_EQ(queue_keys_find(&one, 1, 6, 1), -1);
 }
 
+/* The fallbacks (sql/010) set a row aside only for errors that are the row's; anything else
+   (the connection, a cancel, serialization, permissions, read-only) must propagate, or a
+   passing outage would empty the queue into dead. */
+static void only_a_rows_errors_call_the_fallback(void)
+{
+  static const char *const rows[] = { "22003", "22P05", "22008", "23514", "23505", "54000",
+                                      "P0001" };
+  static const char *const not_rows[] = { "", "08006", "57014", "57P01", "40001", "40P01",
+                                          "53200", "42501", "25006", "42883", "55P03", "XX000" };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    CHECK_INT_EQ(queue_row_error(rows[i]), 1);
+  for (size_t i = 0; i < sizeof not_rows / sizeof not_rows[0]; i++)
+    CHECK_INT_EQ(queue_row_error(not_rows[i]), 0);
+  CHECK_INT_EQ(queue_row_error(NULL), 0);
+}
+
 static const struct check_case cases[] = {
+  { "only_a_rows_errors_call_the_fallback", only_a_rows_errors_call_the_fallback },
   { "keys_are_found_by_id_and_attempt", keys_are_found_by_id_and_attempt },
   { "empty_and_single_key_sets", empty_and_single_key_sets },
   { NULL, NULL }

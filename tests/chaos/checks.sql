@@ -238,7 +238,9 @@ SELECT pg_temp.fig('dead rows whose reason is not from the row''s last lease (mu
                    count(*), count(*) = 0)
   FROM q WHERE status = 'dead'
    AND strpos(coalesce(last_error, ''), format('[attempt=%s worker=%s]', attempts, lease_owner)) = 0
-   AND last_error IS DISTINCT FROM format('lease expired (worker %s)', lease_owner);
+   AND last_error IS DISTINCT FROM format('lease expired (worker %s)', lease_owner)
+   -- 010: a reaped lease is a crash; the one that reaches max_crashes quarantines the task.
+   AND strpos(coalesce(last_error, ''), format('the lease of worker %s expired', lease_owner)) = 0;
 SELECT pg_temp.fig('late outcomes rejected by the fence (worker logs)', count(*))
   FROM wlog WHERE msg LIKE 'late outcome rejected%';
 SELECT pg_temp.fig('outcomes discarded after a lost lease (worker logs)', count(*))

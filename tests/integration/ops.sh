@@ -234,20 +234,25 @@ case_report_numbers_are_right() {
   # Batch r: 20 done tasks, task i ran i seconds, started i s after T0; attempts 1 (1..15),
   # 2 (16..19), 3 (20). 5 dead: 21..23 "rate limited" (8 attempts, with a traceback),
   # 24..25 "bad input" (fatal, 1 attempt), all finished at T0 + 130 s. Other rows are noise.
+  # Causes and crashes: 21..23 quarantined (3 crashes each), 24..25 returned; task 16 done
+  # after 1 crash.
   q "insert into agent_work_queue (id, tenant_id, shard_key, payload, status, attempts, batch,
-                                   started_at, finished_at, last_error)
+                                   started_at, finished_at, last_error, crashes)
      select g, 'acme', 's' || g, '{}', 'done',
             case when g <= 15 then 1 when g <= 19 then 2 else 3 end, 'r',
             timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second',
             timestamptz '2026-01-01 00:00:00+00' + 2 * g * interval '1 second',
-            case when g > 15 then 'an earlier attempt failed' end
+            case when g > 15 then 'an earlier attempt failed' end,
+            case when g = 16 then 1 else 0 end
        from generate_series(1, 20) g;
      insert into agent_work_queue (id, tenant_id, shard_key, payload, status, attempts, batch,
-                                   started_at, finished_at, last_error)
+                                   started_at, finished_at, last_error, last_cause, crashes)
      select g, case when g = 25 then 'other' else 'acme' end, 's' || g, '{}', 'dead',
             case when g <= 23 then 8 else 1 end, 'r',
             timestamptz '2026-01-01 00:01:40+00', timestamptz '2026-01-01 00:02:10+00',
-            case when g <= 23 then E'rate limited\nstack traceback:\n  [C]: in ?' else 'bad input' end
+            case when g <= 23 then E'rate limited\nstack traceback:\n  [C]: in ?' else 'bad input' end,
+            case when g <= 23 then 'quarantined' else 'returned' end,
+            case when g <= 23 then 3 else 0 end
        from generate_series(21, 25) g;
      insert into agent_work_queue (id, tenant_id, shard_key, payload, status, attempts, batch,
                                    started_at, finished_at, last_error)
@@ -256,7 +261,7 @@ case_report_numbers_are_right() {
 
   expect_exit 0 "$LEASH" report --batch r --json
   assert_eq "report --json" "$(<"$T_OUT")" \
-    '{"table":"agent_work_queue","tenants":null,"batch":"r","counts":{"pending":0,"leased":0,"done":20,"dead":5},"total":25,"settled":true,"attempts":{"1":17,"2":4,"3":1,"8":3},"retries":27,"retried_tasks":8,"duration_s":{"count":20,"p50":10,"p95":19,"max":20},"dead_reasons":[{"reason":"rate limited","count":3,"example_ids":[21,22,23]},{"reason":"bad input","count":2,"example_ids":[24,25]}],"dead_reasons_total":2,"first_claim_at":"2026-01-01T00:00:01.000000Z","last_finish_at":"2026-01-01T00:02:10.000000Z","wall_s":129}'
+    '{"table":"agent_work_queue","tenants":null,"batch":"r","counts":{"pending":0,"leased":0,"done":20,"dead":5},"total":25,"settled":true,"attempts":{"1":17,"2":4,"3":1,"8":3},"retries":27,"retried_tasks":8,"crashes":10,"crashed_tasks":4,"dead_causes":{"quarantined":3,"returned":2},"duration_s":{"count":20,"p50":10,"p95":19,"max":20},"dead_reasons":[{"reason":"rate limited","count":3,"example_ids":[21,22,23]},{"reason":"bad input","count":2,"example_ids":[24,25]}],"dead_reasons_total":2,"first_claim_at":"2026-01-01T00:00:01.000000Z","last_finish_at":"2026-01-01T00:02:10.000000Z","wall_s":129}'
 
   expect_exit 0 "$LEASH" report --batch r
   local out
@@ -264,6 +269,8 @@ case_report_numbers_are_right() {
   assert_contains "text: tasks" "$out" "tasks      25: done 20, dead 5, pending 0, leased 0"
   assert_contains "text: attempts" "$out" "attempts   1: 17 2: 4 3: 1 8: 3"
   assert_contains "text: retries" "$out" "retries    27 (on 8 tasks)"
+  assert_contains "text: crashes" "$out" "crashes    10 (on 4 tasks)"
+  assert_contains "text: dead causes" "$out" "dead causes quarantined 3, returned 2"
   assert_contains "text: durations" "$out" "p50 10.0s, p95 19.0s, max 20.0s (20 done tasks"
   assert_contains "text: wall" "$out" "wall       2m 9s (first claim 2026-01-01T00:00:01.000000Z"
   assert_contains "text: reason 1" "$out" "       3  rate limited"
@@ -289,7 +296,7 @@ case_report_numbers_are_right() {
   # An empty scope is a report of zeros, not an error.
   expect_exit 0 "$LEASH" report --batch nothing --json
   assert_eq "empty scope" "$(<"$T_OUT")" \
-    '{"table":"agent_work_queue","tenants":null,"batch":"nothing","counts":{"pending":0,"leased":0,"done":0,"dead":0},"total":0,"settled":true,"attempts":{},"retries":0,"retried_tasks":0,"duration_s":{"count":0,"p50":null,"p95":null,"max":null},"dead_reasons":[],"dead_reasons_total":0,"first_claim_at":null,"last_finish_at":null,"wall_s":null}'
+    '{"table":"agent_work_queue","tenants":null,"batch":"nothing","counts":{"pending":0,"leased":0,"done":0,"dead":0},"total":0,"settled":true,"attempts":{},"retries":0,"retried_tasks":0,"crashes":0,"crashed_tasks":0,"dead_causes":{},"duration_s":{"count":0,"p50":null,"p95":null,"max":null},"dead_reasons":[],"dead_reasons_total":0,"first_claim_at":null,"last_finish_at":null,"wall_s":null}'
   expect_exit 2 "$LEASH" report extra
 }
 

@@ -524,17 +524,17 @@ SET auto_explain.log_min_duration = 0;
 SET auto_explain.log_nested_statements = on;
 SET client_min_messages = log;
 -- The first call of the session, on the empty table: its plans are made now.
-SELECT count(*) FROM agent_work_queue_cycle('w1', '{}', '{}', '{}', '{}', '{}', '{}', 1, 60,
-                                            NULL, NULL);
+SELECT count(*) FROM agent_work_queue_cycle('w1', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}',
+                                            1, 60, NULL, NULL);
 INSERT INTO agent_work_queue (tenant_id, shard_key, payload)
 SELECT 't', 'k' || g, '{}' FROM generate_series(1, 3000) g;
 SELECT id AS claimed, attempts AS att
-  FROM agent_work_queue_cycle('w1', '{}', '{}', '{}', '{}', '{}', '{}', 1, 60, NULL, NULL)
+  FROM agent_work_queue_cycle('w1', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', 1, 60, NULL, NULL)
  WHERE settled = false \gset
 SELECT count(*) FROM agent_work_queue_cycle('w1', ARRAY[:claimed]::bigint[], ARRAY[:att],
                                             ARRAY['done'], ARRAY[NULL]::float8[],
-                                            ARRAY[NULL]::text[], ARRAY['{}']::jsonb[], 1, 60,
-                                            NULL, NULL);
+                                            ARRAY[NULL]::text[], ARRAY['{}']::jsonb[],
+                                            ARRAY['none'], ARRAY[false], 1, 60, NULL, NULL);
 SET auto_explain.log_min_duration = -1;
 SELECT 'done rows: ' || count(*) FROM agent_work_queue WHERE status = 'done';
 SQL
