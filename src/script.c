@@ -337,10 +337,12 @@ static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
     if (k == OUTCOME_RETRY && lua_getfield(L, v, "delay") != LUA_TNIL) {
       lua_Number d = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
       if (lua_type(L, -1) != LUA_TNUMBER || !(d >= 0) || !isfinite(d)) {
-        if (lua_type(L, -1) == LUA_TNUMBER)
-          snprintf(err, sizeof err, "%g", (double)d);
-        else
+        if (lua_type(L, -1) != LUA_TNUMBER)
           snprintf(err, sizeof err, "a %s", luaL_typename(L, -1));
+        else if (isnan(d) || isinf(d))
+          snprintf(err, sizeof err, "%s", isnan(d) ? "NaN" : d > 0 ? "inf" : "-inf");
+        else
+          snprintf(err, sizeof err, "%g", (double)d);
         char why[640];
         snprintf(why, sizeof why, "retry delay must be a finite number of seconds >= 0, "
                  "not %s (message: %s)", err, o->error ? o->error : "");
