@@ -36,6 +36,7 @@ static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 static int panic_handler(lua_State *L);
 static int msg_handler(lua_State *L);
 static int tostring_protected(lua_State *L);
+static int ref_protected(lua_State *L);
 static void deadline_hook(lua_State *L, lua_Debug *ar);
 static int load_protected(lua_State *L);
 static void build_env(lua_State *L);
@@ -118,7 +119,16 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
       *tb = '\0';
     goto fail;
   }
-  s->handle_ref = luaL_ref(s->L, LUA_REGISTRYINDEX);
+  /* The reference may grow the registry: protected too, as a setup may have left the state
+     at its cap. */
+  lua_pushcfunction(s->L, ref_protected);
+  lua_insert(s->L, -2);
+  if (lua_pcall(s->L, 1, 1, 0) != LUA_OK) {
+    snprintf(err, errlen, "out of memory after setup (the slot's limit is %zu MB)",
+             s->mem_limit / (1024 * 1024));
+    goto fail;
+  }
+  s->handle_ref = (int)lua_tointeger(s->L, -1);
   lua_settop(s->L, 0);
   return s;
 fail:
@@ -277,7 +287,7 @@ static int run_protected(lua_State *L)
     /* The message handler made the value a string unless the failure bypassed it (a
        memory error's message is a string too). */
     if (lua_type(L, -1) == LUA_TSTRING)
-      c->handle_err = strdup(lua_tostring(L, -1));
+      c->handle_err = strndup(lua_tostring(L, -1), OUTCOME_ERROR_MAX);
     return 0;
   }
   c->stage = STAGE_OUTCOME;
@@ -596,6 +606,13 @@ static int l_print(lua_State *L)
   };
   log_fields(LOG_INFO, f, "%s", lua_tostring(L, -1));
   return 0;
+}
+
+/* Protected body of the handle's registry reference: arg 1 is handle; returns the ref. */
+static int ref_protected(lua_State *L)
+{
+  lua_pushinteger(L, luaL_ref(L, LUA_REGISTRYINDEX));
+  return 1;
 }
 
 /* Protected body of msg_handler's __tostring call: arg 1 is the error value. */

@@ -48,13 +48,14 @@ static struct task *new_task(const char *payload)
   return t;
 }
 
-/* Loads text as a whole script (the case fails when it does not load) and runs one task. */
-static struct task *run_script(const char *text, const char *payload, struct limits l)
+/* Loads len bytes of text as a whole script (the case fails when it does not load) and runs
+   one task. */
+static struct task *run_script(const char *text, size_t len, const char *payload,
+                               struct limits l)
 {
   struct script_host h = host(l);
   char err[1024];
-  struct script *s = script_load_text(FIXTURES "/inline.lua", text, strlen(text), &h, err,
-                                      sizeof err);
+  struct script *s = script_load_text(FIXTURES "/inline.lua", text, len, &h, err, sizeof err);
   if (!s)
     fprintf(stderr, "load: %s\n", err);
   CHECK(s != NULL);
@@ -70,7 +71,7 @@ static struct task *run_body(const char *body, struct limits l)
   char text[8192];
   snprintf(text, sizeof text, "local leash = require 'leash'\nreturn function(task)\n%s\nend\n",
            body);
-  return run_script(text, "{}", l);
+  return run_script(text, strlen(text), "{}", l);
 }
 
 static struct task *run_file(const char *name, const char *payload, struct limits l)
@@ -80,7 +81,7 @@ static struct task *run_file(const char *name, const char *payload, struct limit
   snprintf(path, sizeof path, "%s/%s", FIXTURES, name);
   char *text = script_read_file(path, &len, err, sizeof err);
   CHECK(text != NULL);
-  struct task *t = run_script(text, payload, l);
+  struct task *t = run_script(text, len, payload, l);
   free(text);
   return t;
 }
@@ -340,8 +341,6 @@ static void bad_retry_delays_are_contract_errors(void)
   static const char *const modes[] = { "{\"mode\":\"inf\"}", "{\"mode\":\"neg\"}",
                                        "{\"mode\":\"str\"}", NULL };
   for (const char *const *m = modes; *m; m++) {
-    char payload[64];
-    snprintf(payload, sizeof payload, "{\"payload\":%s}", *m);
     struct task *t = run_file("bigdelay.lua", *m, plain);
     CHECK_INT_EQ(t->out.kind, OUTCOME_RETRY);
     CHECK_INT_EQ(t->out.cause, CAUSE_CONTRACT);
@@ -416,6 +415,34 @@ static void every_encoding_obeys_the_result_limit(void)
   task_free(t);
 }
 
+/* A setup that fills the state to its cap and catches the error: whatever comes after it at
+   load time (the handle's reference) and in the first task runs protected. */
+static void setup_that_leaves_the_state_at_its_cap_is_not_a_panic(void)
+{
+  static const char text[] =
+      "keep = {}\n"
+      "return { setup = function()\n"
+      "  pcall(function() while true do keep[#keep + 1] = {} end end)\n"
+      "end, handle = function() return true end }\n";
+  struct limits l = { 5, 2u << 20, 1u << 20 };
+  for (int round = 0; round < 20; round++) {
+    struct script_host h = host(l);
+    char err[1024];
+    struct script *s = script_load_text(FIXTURES "/inline.lua", text, strlen(text), &h, err,
+                                        sizeof err);
+    if (!s) {
+      CHECK(strstr(err, "out of memory") || strstr(err, "not enough memory"));
+      continue;
+    }
+    struct task *t = new_task("{}");
+    script_run(s, t);
+    CHECK(t->out.kind == OUTCOME_SUCCESS || t->out.cause == CAUSE_MEMORY);
+    task_free(t);
+    script_free(s);
+    l.memory += 4096 * 3;   /* a slightly different cap: a different place to run out */
+  }
+}
+
 int main(int argc, char **argv)
 {
   static const struct check_case cases[] = {
@@ -437,6 +464,8 @@ int main(int argc, char **argv)
     { "delay_above_the_backoff_cap_is_cut_to_the_cap", delay_above_the_backoff_cap_is_cut_to_the_cap },
     { "result_larger_than_the_limit_is_a_memory_retry", result_larger_than_the_limit_is_a_memory_retry },
     { "every_encoding_obeys_the_result_limit", every_encoding_obeys_the_result_limit },
+    { "setup_that_leaves_the_state_at_its_cap_is_not_a_panic",
+      setup_that_leaves_the_state_at_its_cap_is_not_a_panic },
     { NULL, NULL },
   };
   return check_main(cases, argc, argv);
