@@ -47,6 +47,7 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 static void push_task(lua_State *L, struct script *s, struct task *t);
 static void read_outcome(lua_State *L, struct outcome *o, int v, int nret);
 static int run_protected(lua_State *L);
+static size_t payload_lua_bytes(const char *text, size_t len);
 
 /* Registry keys by address (no string keys that could collide). */
 static const char env_key = 'E';
@@ -231,10 +232,12 @@ void script_run(struct script *s, struct task *t)
       s->broken = 1;
   } else if (rc == LUA_ERRMEM || c.handle_rc == LUA_ERRMEM || s->refused) {
     s->broken = 1;
-    snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)%s",
+    snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)%s%s%s",
              s->mem_limit / (1024 * 1024),
              c.stage == STAGE_TASK ? " building the task table (is the payload too big?)"
-             : c.stage == STAGE_OUTCOME ? " reading handle's answer" : "");
+             : c.stage == STAGE_OUTCOME ? " reading handle's answer" : "",
+             c.stage == STAGE_TASK && outer && strstr(outer, "payload needs") ? ": " : "",
+             c.stage == STAGE_TASK && outer && strstr(outer, "payload needs") ? outer : "");
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
   } else if (s->abort_reason) {
     outcome_set(&t->out, OUTCOME_RETRY, s->abort_cause, NULL, s->abort_reason);
@@ -393,7 +396,17 @@ static void push_task(lua_State *L, struct script *s, struct task *t)
     lua_pushstring(L, t->batch);
     lua_setfield(L, -2, "batch");
   }
-  if (jsonlua_decode(L, t->payload, strlen(t->payload), err, sizeof err) != 0)
+  size_t len = strlen(t->payload);
+  /* jansson builds the whole tree in host memory before Lua sees it, at about three times
+     what the Lua tables will take: a payload whose Lua form cannot fit the cap is refused
+     before that tree is built (5,000,000 empty objects are 15 MB of text, 1 GB in jansson). */
+  size_t need = s->mem_limit ? payload_lua_bytes(t->payload, len) : 0;
+  if (s->mem_limit && need / 4 * 3 > s->mem_limit) {   /* a margin for other builds' sizes */
+    s->refused = 1;   /* judged as the allocator's refusal: a memory retry */
+    luaL_error(L, "the payload needs at least %d MB as Lua values",
+               (int)(need / (1024 * 1024)));
+  }
+  if (jsonlua_decode(L, t->payload, len, err, sizeof err) != 0)
     lua_pushstring(L, t->payload);   /* jsonb text always decodes; keep the text otherwise */
   lua_setfield(L, -2, "payload");
   /* lease_lost reads the task by id, so a task table kept past its run answers true
@@ -401,6 +414,62 @@ static void push_task(lua_State *L, struct script *s, struct task *t)
   lua_pushinteger(L, t->id);
   lua_pushcclosure(L, l_task_lease_lost, 1);
   lua_setfield(L, -2, "lease_lost");
+}
+
+/* A lower bound of the Lua memory JSON text decodes to: 56 bytes a table (sizeof(Table) on
+   64-bit Lua 5.4), 24 an object member (a hash Node), 16 an array element (a TValue); strings
+   are not counted (equal short strings are shared). Never above what Lua needs, so a payload
+   that fits is never refused. Strings are skipped with their escapes; nesting past the bit
+   stack's depth (jansson refuses it anyway) is counted as objects. */
+static size_t payload_lua_bytes(const char *text, size_t len)
+{
+  enum { MAX_TRACKED = 4096 };
+  unsigned char in_array[MAX_TRACKED / 8] = { 0 };
+  size_t depth = 0, bytes = 0;
+  int after_open = 0;        /* the last token opened a container */
+  for (size_t i = 0; i < len; i++) {
+    char c = text[i];
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r')
+      continue;
+    size_t d = depth - 1;
+    int arr = depth > 0 && depth <= MAX_TRACKED && (in_array[d / 8] >> (d % 8) & 1);
+    if (after_open && arr && c != ']')
+      bytes += 16;           /* an array's first element: no comma before it */
+    after_open = 0;
+    switch (c) {
+    case '"':
+      for (i++; i < len && text[i] != '"'; i++)
+        if (text[i] == '\\')
+          i++;
+      break;
+    case '{':
+    case '[':
+      depth++;
+      d = depth - 1;
+      if (depth <= MAX_TRACKED) {
+        if (c == '[')
+          in_array[d / 8] |= (unsigned char)(1u << (d % 8));
+        else
+          in_array[d / 8] &= (unsigned char)~(1u << (d % 8));
+      }
+      bytes += 56;
+      after_open = 1;
+      break;
+    case '}':
+    case ']':
+      if (depth > 0)
+        depth--;
+      break;
+    case ':':
+      bytes += 24;
+      break;
+    case ',':
+      if (arr)
+        bytes += 16;
+      break;
+    }
+  }
+  return bytes;
 }
 
 static int l_task_lease_lost(lua_State *L)
