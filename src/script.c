@@ -44,7 +44,8 @@ static int l_require(lua_State *L);
 static int l_print(lua_State *L);
 static int l_task_lease_lost(lua_State *L);
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
-static void push_task(lua_State *L, struct script *s, struct task *t);
+struct run_ctx;
+static void push_task(lua_State *L, struct run_ctx *c);
 static void read_outcome(lua_State *L, struct outcome *o, int v, int nret);
 static int run_protected(lua_State *L);
 static size_t payload_lua_bytes(const char *text, size_t len);
@@ -195,6 +196,7 @@ struct run_ctx {
   struct outcome out;          /* read from handle's answer; moved to t->out */
   enum { STAGE_TASK, STAGE_HANDLE, STAGE_OUTCOME } stage;
   int handle_rc;               /* handle's lua_pcall status */
+  int payload_refused;         /* the payload cannot fit the cap: refused before decoding */
   char *handle_err;            /* its error value as text (malloc'd), or NULL */
 };
 
@@ -230,14 +232,14 @@ void script_run(struct script *s, struct task *t)
        Caught, the outcome stands, but the state is rebuilt. */
     if (s->refused)
       s->broken = 1;
-  } else if (rc == LUA_ERRMEM || c.handle_rc == LUA_ERRMEM || s->refused) {
-    s->broken = 1;
+  } else if (rc == LUA_ERRMEM || c.handle_rc == LUA_ERRMEM || s->refused || c.payload_refused) {
+    if (!c.payload_refused || s->refused)
+      s->broken = 1;   /* the state met its cap; one refused before decoding did not */
     snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)%s%s%s",
              s->mem_limit / (1024 * 1024),
              c.stage == STAGE_TASK ? " building the task table (is the payload too big?)"
              : c.stage == STAGE_OUTCOME ? " reading handle's answer" : "",
-             c.stage == STAGE_TASK && outer && strstr(outer, "payload needs") ? ": " : "",
-             c.stage == STAGE_TASK && outer && strstr(outer, "payload needs") ? outer : "");
+             c.payload_refused && outer ? ": " : "", c.payload_refused && outer ? outer : "");
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
   } else if (s->abort_reason) {
     outcome_set(&t->out, OUTCOME_RETRY, s->abort_cause, NULL, s->abort_reason);
@@ -283,7 +285,7 @@ static int run_protected(lua_State *L)
   jsonlua_set_max_bytes(L, s->host->max_result_bytes);
   lua_pushcfunction(L, msg_handler);                       /* 1 */
   lua_rawgeti(L, LUA_REGISTRYINDEX, s->handle_ref);
-  push_task(L, s, c->t);
+  push_task(L, c);
   c->stage = STAGE_HANDLE;
   c->handle_rc = lua_pcall(L, 1, LUA_MULTRET, 1);
   if (c->handle_rc != LUA_OK) {
@@ -376,8 +378,10 @@ static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
 }
 
 /* [-0, +1, m] The task table handed to handle. */
-static void push_task(lua_State *L, struct script *s, struct task *t)
+static void push_task(lua_State *L, struct run_ctx *c)
 {
+  struct script *s = c->s;
+  struct task *t = c->t;
   char err[256];
   lua_createtable(L, 0, 10);
   lua_pushinteger(L, t->id);
@@ -402,7 +406,7 @@ static void push_task(lua_State *L, struct script *s, struct task *t)
      before that tree is built (5,000,000 empty objects are 15 MB of text, 1 GB in jansson). */
   size_t need = s->mem_limit ? payload_lua_bytes(t->payload, len) : 0;
   if (s->mem_limit && need / 4 * 3 > s->mem_limit) {   /* a margin for other builds' sizes */
-    s->refused = 1;   /* judged as the allocator's refusal: a memory retry */
+    c->payload_refused = 1;
     luaL_error(L, "the payload needs at least %d MB as Lua values",
                (int)(need / (1024 * 1024)));
   }
