@@ -9,6 +9,10 @@ source "$(dirname "$0")/run_common.sh"
 
 BFIX=$LEASH_SRC/tests/fixtures/boundary
 
+# settled_or_gone PID SQL: true once SQL answers t, or once PID has exited (so a worker that
+# aborts fails the case at once instead of at the deadline).
+settled_or_gone() { exited "$1" || q_true "$2"; }
+
 case_poison_answers_are_retries_and_the_process_lives() {
   run_setup
   local m
@@ -25,8 +29,9 @@ case_poison_answers_are_retries_and_the_process_lives() {
   enqueue_file "$T_TMP/tasks.jsonl" 12
   start_worker A "$BFIX/poison.lua" --concurrency 2 --poll-ms 20-50 \
     --lua-memory 16 --task-timeout 5 --drain-timeout 2
-  wait_for "every task but the delayed one to settle" 60 q_true \
+  wait_for "every task but the delayed one to settle" 60 settled_or_gone "${W_PID[A]}" \
     "select count(*) = 11 from agent_work_queue where status in ('done', 'dead')"
+  exited "${W_PID[A]}" && fail "the worker died: $(tail -3 "$T_TMP/A.log")"
   wait_for "the delayed task's first failure" 20 q_true \
     "select status = 'pending' and attempts = 1 from agent_work_queue where shard_key = 'bigdelay'"
   exited "${W_PID[A]}" && fail "the worker died"
