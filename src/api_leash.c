@@ -123,13 +123,21 @@ static int l_ok(lua_State *L)
   return 1;
 }
 
-/* leash.retry(msg [, delay_seconds]): a retryable error; the delay replaces the backoff. */
+/* leash.retry(msg [, delay_seconds]): a retryable error; the delay replaces the backoff.
+   A delay that is not a finite number >= 0 (a string too: an upstream's Retry-After header
+   must be converted on purpose) raises here, at the script's line. One above the backoff
+   cap is cut to the cap when the outcome is read (script.c), like a delay set by hand. */
 static int l_retry(lua_State *L)
 {
   const char *msg = luaL_optstring(L, 1, "retry requested");
-  lua_Number delay = luaL_optnumber(L, 2, -1);
-  if (!lua_isnoneornil(L, 2) && (delay < 0 || !isfinite(delay)))
-    return luaL_argerror(L, 2, "delay must be a number of seconds >= 0");
+  lua_Number delay = -1;
+  if (!lua_isnoneornil(L, 2)) {
+    if (lua_type(L, 2) != LUA_TNUMBER)
+      return luaL_typeerror(L, 2, "number of seconds");
+    delay = lua_tonumber(L, 2);
+    if (!(delay >= 0) || !isfinite(delay))
+      return luaL_argerror(L, 2, "delay must be a finite number of seconds >= 0");
+  }
   push_outcome(L, "retry");
   lua_pushstring(L, msg);
   lua_setfield(L, -2, "message");
@@ -266,8 +274,7 @@ static int l_db_query(lua_State *L)
       char *j = jsonlua_encode(L, idx, err, sizeof err);
       if (!j)
         return luaL_argerror(L, idx, err);
-      lua_pushstring(L, j);
-      free(j);
+      jsonlua_pushfree(L, j);
       lua_replace(L, idx);
       params[i] = lua_tostring(L, idx);
       break;
@@ -381,9 +388,11 @@ static int l_step(lua_State *L)
   char *json = NULL;
   if (!lua_isnil(L, res) && !(json = jsonlua_encode(L, res, err, sizeof err)))
     return luaL_error(L, "leash.step: result of '%s' cannot be stored as JSON: %s", name, err);
-  lua_pushstring(L, json ? json : "");   /* keep the text alive on the stack, free ours */
   int has = json != NULL;
-  free(json);
+  if (json)
+    jsonlua_pushfree(L, json);   /* the text lives on the stack; ours is freed */
+  else
+    lua_pushliteral(L, "");
   script_check_live(L, "leash.step");
   const char *put[] = { id, name, has ? lua_tostring(L, -1) : NULL, attempt, h->worker_id };
   r = pool_exec(L, "leash.step", h->sql->step_put, 5, put);
@@ -415,8 +424,7 @@ static int l_enqueue(lua_State *L)
   char *json = jsonlua_encode(L, -1, err, sizeof err);
   if (!json)
     return luaL_argerror(L, 1, err);
-  lua_pushstring(L, json);                                 /* 3: payload text */
-  free(json);
+  jsonlua_pushfree(L, json);                               /* 3: payload text */
   const char *tenant = (lua_getfield(L, 1, "tenant_id"), luaL_optstring(L, -1, NULL));   /* 4 */
   /* A worker scoped to some tenants cannot create work for others. */
   if (tenant && h->ntenants > 0) {
@@ -433,7 +441,7 @@ static int l_enqueue(lua_State *L)
   const char *delay_p = NULL, *max_p = NULL;
   if (lua_getfield(L, 1, "delay") != LUA_TNIL) {
     lua_Number d = lua_tonumber(L, -1);
-    if (!lua_isnumber(L, -1) || d < 0)
+    if (!lua_isnumber(L, -1) || !(d >= 0) || !isfinite(d))
       return luaL_argerror(L, 1, "delay must be a number of seconds >= 0");
     snprintf(delay, sizeof delay, "%.3f", (double)d);
     delay_p = delay;
@@ -456,17 +464,54 @@ static int l_enqueue(lua_State *L)
   return 1;
 }
 
-/* leash.log.<level>(msg [, fields]): into the host's log, tagged with the task. */
+/* leash.log.<level>(msg [, fields]): into the host's log, tagged with the task. Field
+   values become text with tostring; a __tostring is the script's code and may do anything
+   (raise, loop, change the fields table, let the collector free what was in it), so every
+   string the line is made of is first copied into a keeper table this call owns, and C
+   takes its pointers only after the last call that can run Lua or allocate. */
+#define LOG_USER_FIELDS 19
+
 static int log_at(lua_State *L, enum log_level lvl)
 {
-  const char *msg = luaL_checkstring(L, 1);
+  luaL_checkstring(L, 1);
   if (!log_enabled(lvl))
     return 0;
   struct script *s = script_of(L);
   const struct task *t = script_task(s);
-  struct log_field f[24];
-  int n = 0;
+  struct log_field f[LOG_USER_FIELDS + 5];
+  int n = 0, kept = 0;
   char id[32], attempt[16];
+  lua_settop(L, 2);
+  lua_createtable(L, 2 * LOG_USER_FIELDS, 0);            /* 3: keeper: key, text, ... */
+  if (lua_istable(L, 2)) {
+    /* The raw pairs first: nothing here runs Lua, so the walk sees a table at rest. */
+    lua_pushnil(L);
+    while (kept < 2 * LOG_USER_FIELDS && lua_next(L, 2)) {   /* key -2, value -1 */
+      if (lua_type(L, -2) == LUA_TSTRING) {
+        lua_pushvalue(L, -2);
+        lua_rawseti(L, 3, ++kept);
+        lua_rawseti(L, 3, ++kept);                       /* pops the value */
+      } else {
+        lua_pop(L, 1);
+      }
+    }
+    /* Then each value as text, in place in the keeper. */
+    for (int i = 2; i <= kept; i += 2) {
+      lua_rawgeti(L, 3, i - 1);
+      const char *k = lua_tostring(L, -1);
+      /* A secret put in a log field by mistake stays out of the log. */
+      if (strcasecmp(k, "authorization") == 0 || strcasecmp(k, "password") == 0) {
+        lua_pushliteral(L, "[redacted]");
+      } else {
+        lua_rawgeti(L, 3, i);
+        luaL_tolstring(L, -1, NULL);
+        lua_remove(L, -2);
+      }
+      lua_rawseti(L, 3, i);
+      lua_pop(L, 1);                                     /* the key */
+    }
+  }
+  /* From here on nothing runs Lua or allocates in the state: the pointers hold. */
   if (t) {
     snprintf(id, sizeof id, "%lld", (long long)t->id);
     snprintf(attempt, sizeof attempt, "%d", t->attempt);
@@ -475,34 +520,16 @@ static int log_at(lua_State *L, enum log_level lvl)
     f[n++] = (struct log_field){ "attempt", attempt };
   }
   f[n++] = (struct log_field){ "worker", script_host_of(s)->worker_id };
-  if (lua_istable(L, 2)) {
-    /* Field values as text, kept alive in a table on the stack until the line is written
-       (keys stay alive in the caller's table). */
-    lua_settop(L, 2);
-    lua_newtable(L);                                     /* 3: keeper */
-    int kept = 0;
-    lua_pushnil(L);
-    while (lua_next(L, 2)) {                             /* key -2, value -1 */
-      if (lua_type(L, -2) == LUA_TSTRING && n < 23) {
-        const char *k = lua_tostring(L, -2);
-        /* A secret put in a log field by mistake stays out of the log. */
-        int secret = strcasecmp(k, "authorization") == 0 || strcasecmp(k, "password") == 0;
-        if (secret)
-          lua_pushliteral(L, "[redacted]");
-        else
-          luaL_tolstring(L, -1, NULL);
-        lua_rawseti(L, 3, ++kept);
-        lua_rawgeti(L, 3, kept);
-        f[n].key = k;
-        f[n].value = lua_tostring(L, -1);   /* referenced by the keeper table */
-        n++;
-        lua_pop(L, 1);
-      }
-      lua_pop(L, 1);                                     /* the value; keep the key */
-    }
+  for (int i = 1; i < kept; i += 2) {
+    lua_rawgeti(L, 3, i);
+    f[n].key = lua_tostring(L, -1);       /* a string in the keeper: no conversion */
+    lua_rawgeti(L, 3, i + 1);
+    f[n].value = lua_tostring(L, -1);
+    lua_pop(L, 2);
+    n++;
   }
   f[n] = (struct log_field){ NULL, NULL };
-  log_fields(lvl, f, "%s", msg);
+  log_fields(lvl, f, "%s", lua_tostring(L, 1));
   return 0;
 }
 

@@ -32,6 +32,9 @@ static const char run_usage[] =
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
   "  --lua-memory MB       memory cap per slot's Lua state (default 256, 0 = none)\n"
+  "  --max-result-bytes N  most bytes of JSON one encoding may make: a leash.ok result,\n"
+  "                        json.encode, a step result, a child payload (default 16 MB;\n"
+  "                        never above --lua-memory; a larger result is a retry)\n"
   "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
   "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n"
@@ -54,7 +57,10 @@ enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
+  OPT_MAX_RESULT_BYTES,
 };
+
+#define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
 
 #define MAX_TENANTS 64
 
@@ -81,8 +87,10 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "lua-memory", required_argument, NULL, OPT_LUA_MEMORY },
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
     { "metrics", required_argument, NULL, OPT_METRICS },
+    { "max-result-bytes", required_argument, NULL, OPT_MAX_RESULT_BYTES },
     { NULL, 0, NULL, 0 },
   };
+  long max_result = -1;
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
@@ -116,6 +124,11 @@ int cmd_run(struct cli *g, int argc, char **argv)
       if (cli_parse_int(optarg, 0, 1L << 20, &n) != 0)
         return cli_usage_error(g, "--lua-memory must be a number of MB (0 = no cap)");
       cfg.lua_memory = (size_t)n * 1024 * 1024;
+      break;
+    case OPT_MAX_RESULT_BYTES:
+      if (cli_parse_int(optarg, 1, 1L << 40, &n) != 0)
+        return cli_usage_error(g, "--max-result-bytes must be a number of bytes from 1");
+      max_result = n;
       break;
     case OPT_VISIBILITY:
       if ((rc = parse_duration_opt(g, "--visibility", optarg, &cfg.visibility, 1)) != 0)
@@ -176,6 +189,11 @@ int cmd_run(struct cli *g, int argc, char **argv)
   if (argc - optind != 1)
     return cli_usage_error(g, argc == optind ? "missing SCRIPT.lua" : "too many arguments");
   cfg.script_path = argv[optind];
+  /* The result's text lives outside the Lua heap, so it may never be larger than the heap
+     is allowed to be: with --lua-memory 16 no task makes 600 MB of JSON. */
+  cfg.max_result_bytes = max_result > 0 ? (size_t)max_result : DEFAULT_MAX_RESULT_BYTES;
+  if (cfg.lua_memory && cfg.lua_memory < cfg.max_result_bytes)
+    cfg.max_result_bytes = cfg.lua_memory;
   if (cfg.heartbeat == 0)
     cfg.heartbeat = cfg.visibility / 3;
   if (cfg.heartbeat >= cfg.visibility)

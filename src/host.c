@@ -115,7 +115,7 @@ int host_run(const struct host_config *cfg)
     .worker_id = cfg->worker_id, .stopping = &h.stopping, .wake_mu = &h.wake_mu,
     .wake_cv = &h.wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
     .lua_path = cfg->lua_path, .nlua_path = cfg->nlua_path, .tenants = cfg->tenants,
-    .ntenants = cfg->ntenants,
+    .ntenants = cfg->ntenants, .max_result_bytes = cfg->max_result_bytes,
   };
 
   /* Fail fast: a script that does not load, or a table not migrated, stops us at start. */

@@ -36,6 +36,7 @@ struct host_config {
   int claim_batch;              /* most rows one claim asks for */
   int db_pool;                  /* connections for leash.db.query */
   size_t lua_memory;            /* bytes per slot, 0 = none */
+  size_t max_result_bytes;      /* --max-result-bytes: most bytes of JSON one encoding makes */
   struct queue_scope scope;
   const char *metrics_addr;     /* --metrics HOST:PORT, or NULL */
   const char *const *tenants;   /* the --tenant values (scope.tenants is their literal) */

@@ -22,6 +22,9 @@ struct encoder {
   int array_mt;            /* stack index of the leash.array metatable (nil if none yet) */
   char *err;
   size_t errlen;
+  size_t max;              /* most bytes the text may take; 0 = no limit */
+  size_t used;             /* a lower bound of the text's size so far */
+  int too_big;
   struct path_seg path[JSONLUA_MAX_DEPTH];
 };
 
@@ -29,6 +32,10 @@ static void push_array_mt(lua_State *L);
 static void push_value(lua_State *L, const json_t *j, int mt);
 static int push_json_protected(lua_State *L);
 static int push_string_protected(lua_State *L);
+static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *err,
+                       size_t errlen);
+static int count_bytes(struct encoder *e, int depth, size_t n);
+static int dump_bounded(const char *buf, size_t size, void *data);
 static int json_too_deep(const json_t *j, int level);
 static json_t *convert(struct encoder *e, int idx, int depth);
 static json_t *convert_table(struct encoder *e, int idx, int depth);
@@ -50,6 +57,9 @@ static int l_json_array(lua_State *L);
 
 /* Object keys longer than this are cut in error messages. */
 #define KEY_SHOWN_MAX 48
+
+/* Registry key (by address) of the state's encoding limit, an integer. */
+static const char max_bytes_key = 'X';
 
 static const luaL_Reg json_funcs[] = {
   { "encode", l_json_encode },
@@ -240,6 +250,30 @@ static int json_too_deep(const json_t *j, int level)
  */
 json_t *jsonlua_to_json(lua_State *L, int idx, char *err, size_t errlen)
 {
+  return to_json(L, idx, 0, NULL, err, errlen);
+}
+
+void jsonlua_set_max_bytes(lua_State *L, size_t max)
+{
+  lua_pushinteger(L, (lua_Integer)max);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &max_bytes_key);
+}
+
+size_t jsonlua_max_bytes(lua_State *L)
+{
+  size_t max;
+  /* no allocation: a registry field and an integer */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &max_bytes_key);
+  max = lua_isinteger(L, -1) ? (size_t)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return max;
+}
+
+/* max: 0 or the most bytes the text may take; *too_big (when given) says the limit was the
+   reason for a NULL. */
+static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *err,
+                       size_t errlen)
+{
   struct encoder e;
   int top;
   json_t *j;
@@ -253,26 +287,93 @@ json_t *jsonlua_to_json(lua_State *L, int idx, char *err, size_t errlen)
   e.array_mt = lua_gettop(L);
   e.err = err;
   e.errlen = errlen;
+  e.max = max;
+  e.used = 0;
+  e.too_big = 0;
   if (err != NULL && errlen > 0)
     err[0] = '\0';
   j = convert(&e, idx, 0);
   lua_settop(L, top);
+  if (too_big)
+    *too_big = e.too_big;
   return j;
+}
+
+/* The text being dumped; the dump fails once it would pass max. */
+struct bounded_buf {
+  char *s;
+  size_t len, cap, max;
+  int too_big;
+};
+
+static int dump_bounded(const char *buf, size_t size, void *data)
+{
+  struct bounded_buf *b = data;
+  if (b->max && b->len + size > b->max) {
+    b->too_big = 1;
+    return -1;
+  }
+  if (b->len + size + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + size + 1)
+      cap *= 2;
+    char *ns = realloc(b->s, cap);
+    if (ns == NULL)
+      return -1;
+    b->s = ns;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, buf, size);
+  b->len += size;
+  b->s[b->len] = '\0';
+  return 0;
+}
+
+char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *err,
+                         size_t errlen)
+{
+  int big = 0;
+  json_t *j = to_json(L, idx, max, &big, err, errlen);
+  struct bounded_buf b = { NULL, 0, 0, max, 0 };
+  if (too_big)
+    *too_big = big;
+  if (j == NULL)
+    return NULL;
+  /* jansson's allocator is malloc unless someone calls json_set_alloc_funcs; nothing in
+     leash does. The callback stops the dump as soon as the text would pass max, so a value
+     that grows when escaped cannot get past it either. */
+  if (json_dump_callback(j, dump_bounded, &b, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY |
+                         JSON_REAL_PRECISION(17)) != 0 || b.s == NULL) {
+    free(b.s);
+    b.s = NULL;
+    if (b.too_big) {
+      snprintf(err, errlen, "the JSON text is larger than the limit of %zu bytes", max);
+      if (too_big)
+        *too_big = 1;
+    } else {
+      snprintf(err, errlen, "out of memory encoding JSON");
+    }
+  }
+  json_decref(j);
+  return b.s;
 }
 
 char *jsonlua_encode(lua_State *L, int idx, char *err, size_t errlen)
 {
-  json_t *j = jsonlua_to_json(L, idx, err, errlen);
-  char *text;
-  if (j == NULL)
-    return NULL;
-  /* json_dumps allocates with jansson's allocator, which is malloc unless someone calls
-     json_set_alloc_funcs; nothing in leash does. */
-  text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
-  json_decref(j);
-  if (text == NULL)
-    snprintf(err, errlen, "out of memory encoding JSON");
-  return text;
+  return jsonlua_encode_max(L, idx, jsonlua_max_bytes(L), NULL, err, errlen);
+}
+
+/* [-0, +0, -] Counts n more bytes of text; 0 once past the limit, with the error set. The
+   count is a lower bound of the text (strings unescaped, one byte per scalar or
+   separator), so the tree jansson builds stays within about the limit as well. */
+static int count_bytes(struct encoder *e, int depth, size_t n)
+{
+  e->used += n;
+  if (e->max == 0 || e->used <= e->max)
+    return 1;
+  e->too_big = 1;
+  set_error(e, depth, "the JSON text is larger than the limit of %zu bytes", e->max);
+  return 0;
 }
 
 /* [-0, +0, -] depth: path segments in use (containers around the value at idx). */
@@ -281,6 +382,8 @@ static json_t *convert(struct encoder *e, int idx, int depth)
   lua_State *L = e->L;
   json_t *j = NULL;
 
+  if (!count_bytes(e, depth, 1))
+    return NULL;
   switch (lua_type(L, idx)) {
   case LUA_TNIL:
     return json_null();
@@ -305,6 +408,8 @@ static json_t *convert(struct encoder *e, int idx, int depth)
       set_error(e, depth, "invalid UTF-8 in string (byte %zu)", bad + 1);
       return NULL;
     }
+    if (!count_bytes(e, depth, len + 1))
+      return NULL;
     j = json_stringn_nocheck(s, len);
     break;
   }
@@ -441,6 +546,11 @@ static json_t *convert_object(struct encoder *e, int idx, int depth)
     json_t *child;
     e->path[depth].key = key;
     e->path[depth].keylen = keylen;
+    if (!count_bytes(e, depth + 1, keylen + 3)) {
+      lua_pop(L, 2);
+      json_decref(obj);
+      return NULL;
+    }
     if (!utf8_valid(key, keylen, &bad)) {
       /* while the key is still on the stack: the path borrows it */
       set_error(e, depth + 1, "invalid UTF-8 in table key (byte %zu)", bad + 1);
@@ -673,21 +783,30 @@ static int l_json_encode(lua_State *L)
 {
   char err[256];
   char *text;
-  int status;
 
   luaL_checkany(L, 1);
   lua_settop(L, 1);
   text = jsonlua_encode(L, 1, err, sizeof err);
   if (text == NULL)
     return luaL_error(L, "json.encode: %s", err);
+  jsonlua_pushfree(L, text);
+  return 1;
+}
+
+void jsonlua_pushfree(lua_State *L, char *text)
+{
+  int status;
   /* text is malloc'd: push it under protection so a memory error cannot leak it */
+  if (!lua_checkstack(L, 2)) {
+    free(text);
+    luaL_error(L, "not enough memory");
+  }
   lua_pushcfunction(L, push_string_protected);
   lua_pushlightuserdata(L, text);
   status = lua_pcall(L, 1, 1, 0);
   free(text);
   if (status != LUA_OK)
-    return lua_error(L);
-  return 1;
+    lua_error(L);
 }
 
 /* Protected body of l_json_encode's push: arg 1 is a borrowed C string. */

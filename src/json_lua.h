@@ -44,9 +44,27 @@ json_t *jsonlua_to_json(lua_State *L, int idx, char *err, size_t errlen)
 
 /* [-0, +0, m] Encode the value at idx as compact JSON text with sorted object keys and
    17-digit reals, so equal values give equal text. Returns a malloc'd string (caller
-   frees with free()), or NULL with a message in err. */
+   frees with free()), or NULL with a message in err. Bounded by the state's limit
+   (jsonlua_set_max_bytes), which every encoding in the state obeys (json.encode, results,
+   step results, query parameters, child payloads). */
 char *jsonlua_encode(lua_State *L, int idx, char *err, size_t errlen)
   __attribute__((warn_unused_result));
+
+/* [-0, +0, m] The same with an explicit limit: max bytes of text (0 = none). The
+   conversion stops as soon as the text is known to pass max, so neither the jansson tree
+   nor the text grows much beyond it; then NULL, with *too_big (when given) set to 1. */
+char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *err,
+                         size_t errlen) __attribute__((warn_unused_result));
+
+/* [-0, +0, m] The limit jsonlua_encode obeys in this state (0, the default: none). The
+   host sets it to --max-result-bytes: a script could otherwise build text far larger than
+   its memory cap outside the Lua heap. */
+void jsonlua_set_max_bytes(lua_State *L, size_t max);
+/* [-0, +0, -] */
+size_t jsonlua_max_bytes(lua_State *L);
+
+/* [-0, +1, m] Push the malloc'd C string text and free it, also when the push raises. */
+void jsonlua_pushfree(lua_State *L, char *text);
 
 /* [-0, +1, m] lua_CFunction: push the module table
    { encode = f, decode = f, null = sentinel, array = f }.

@@ -11,6 +11,11 @@
 static void format_time(char *buf, size_t n);
 static void write_line(const char *line, size_t len);
 static void set_string(json_t *o, const char *key, const char *value);
+static size_t cut_at(const char *s, size_t max);
+static void put_escaped(char *line, size_t cap, size_t *n, const char *s, size_t max);
+
+/* Longest message or field value written; longer ones are cut and marked "...". */
+#define LOG_VALUE_MAX 8192
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
@@ -76,7 +81,8 @@ void log_vfields(enum log_level lvl, const struct log_field *fields, const char 
   format_time(ts, sizeof ts);
 
   if (log_fmt == LOG_JSON) {
-    /* Stable field names: ts, level, msg, then the caller's fields. */
+    /* Stable field names: ts, level, msg, then the caller's fields. jansson escapes every
+       control character, so a line is one line here already. */
     json_t *o = json_object();
     json_object_set_new(o, "ts", json_string(ts));
     json_object_set_new(o, "level", json_string(level_names[lvl]));
@@ -99,27 +105,23 @@ void log_vfields(enum log_level lvl, const struct log_field *fields, const char 
     return;
   }
 
-  /* One event, one line: a traceback's newlines are written as \n. */
-  char flat[sizeof msg * 2];
-  size_t k = 0;
-  for (const char *p = msg; *p && k + 2 < sizeof flat; p++) {
-    if (*p == '\n') {
-      flat[k++] = '\\';
-      flat[k++] = 'n';
-    } else if (*p != '\r') {
-      flat[k++] = *p == '\t' ? ' ' : *p;
-    }
+  /* One event, one line: the message, keys and values with control characters escaped
+     (a traceback's newlines read \n). */
+  char line[16384];
+  size_t n = (size_t)snprintf(line, sizeof line, "%s %-5s ", ts, level_names[lvl]);
+  put_escaped(line, sizeof line, &n, msg, sizeof msg);
+  for (const struct log_field *f = fields; f && f->key && n + 2 < sizeof line - 1; f++) {
+    if (!f->value)
+      continue;
+    line[n++] = ' ';
+    put_escaped(line, sizeof line, &n, f->key, 256);
+    if (n + 1 >= sizeof line - 1)
+      break;
+    line[n++] = '=';
+    put_escaped(line, sizeof line, &n, f->value, LOG_VALUE_MAX);
   }
-  flat[k] = '\0';
-  char line[12288];
-  int n = snprintf(line, sizeof line, "%s %-5s %s", ts, level_names[lvl], flat);
-  for (const struct log_field *f = fields; f && f->key && n < (int)sizeof line; f++)
-    if (f->value)
-      n += snprintf(line + n, sizeof line - (size_t)n, " %s=%s", f->key, f->value);
-  if (n >= (int)sizeof line - 1)
-    n = (int)sizeof line - 2;
   line[n++] = '\n';
-  write_line(line, (size_t)n);
+  write_line(line, n);
 }
 
 static void format_time(char *buf, size_t n)
@@ -144,9 +146,59 @@ static void write_line(const char *line, size_t len)
   }
 }
 
-/* Text that is not UTF-8 (a script's message, say) is logged lossily rather than dropped. */
+/* Text that is not UTF-8 (a script's message, say) is logged lossily rather than dropped.
+   A value longer than LOG_VALUE_MAX is cut (at a character boundary), so a line's size in
+   memory is bounded whatever a script logs. */
 static void set_string(json_t *o, const char *key, const char *value)
 {
-  json_t *v = json_string(value);
+  size_t len = cut_at(value, LOG_VALUE_MAX);
+  json_t *v = json_stringn(value, len);
   json_object_set_new(o, key, v ? v : json_string("(not valid UTF-8)"));
+}
+
+/* The length of s, or max when s is longer, moved back to a UTF-8 character boundary. */
+static size_t cut_at(const char *s, size_t max)
+{
+  size_t len = strnlen(s, max + 1);
+  if (len <= max)
+    return len;
+  len = max;
+  while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80)
+    len--;
+  return len;
+}
+
+/* Appends s (at most max bytes of it) to line with every control character escaped: \n,
+   \r, \t, and \xHH for the other C0 bytes and DEL. A newline in a tenant id, a log field
+   or an error message cannot start a line of its own, nor can an ANSI sequence reach a
+   terminal. Stops at the line's end (cap - 1 keeps room for the newline). */
+static void put_escaped(char *line, size_t cap, size_t *n, const char *s, size_t max)
+{
+  static const char hex[] = "0123456789abcdef";
+  size_t k = *n, len = cut_at(s, max);
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    char esc[4];
+    size_t e = 0;
+    if (c == '\n' || c == '\r' || c == '\t') {
+      esc[e++] = '\\';
+      esc[e++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+    } else if (c < 0x20 || c == 0x7F) {
+      esc[e++] = '\\';
+      esc[e++] = 'x';
+      esc[e++] = hex[c >> 4];
+      esc[e++] = hex[c & 0xF];
+    } else {
+      esc[e++] = (char)c;
+    }
+    if (k + e >= cap - 1)
+      break;
+    memcpy(line + k, esc, e);
+    k += e;
+  }
+  if (s[len] != '\0' && k + 3 < cap - 1) {   /* cut */
+    memcpy(line + k, "...", 3);
+    k += 3;
+  }
+  *n = k;
 }

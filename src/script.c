@@ -3,10 +3,12 @@
 
 #include "api.h"
 #include "json_lua.h"
+#include "lifecycle.h"
 #include "log.h"
 
 #include <lauxlib.h>
 #include <lualib.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,8 @@ struct script {
 static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 static int panic_handler(lua_State *L);
 static int msg_handler(lua_State *L);
+static int tostring_protected(lua_State *L);
+static int ref_protected(lua_State *L);
 static void deadline_hook(lua_State *L, lua_Debug *ar);
 static int load_protected(lua_State *L);
 static void build_env(lua_State *L);
@@ -40,8 +44,11 @@ static int l_require(lua_State *L);
 static int l_print(lua_State *L);
 static int l_task_lease_lost(lua_State *L);
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
-static void push_task(lua_State *L, struct script *s, struct task *t);
-static void read_outcome(struct script *s, struct task *t, int base, int nret);
+struct run_ctx;
+static void push_task(lua_State *L, struct run_ctx *c);
+static void read_outcome(lua_State *L, struct outcome *o, int v, int nret);
+static int run_protected(lua_State *L);
+static size_t payload_lua_bytes(const char *text, size_t len);
 
 /* Registry keys by address (no string keys that could collide). */
 static const char env_key = 'E';
@@ -105,7 +112,7 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
   lua_sethook(s->L, NULL, 0, 0);
   s->deadline = 0;
   if (rc != LUA_OK) {
-    const char *msg = lua_tostring(s->L, -1);
+    const char *msg = lua_type(s->L, -1) == LUA_TSTRING ? lua_tostring(s->L, -1) : NULL;
     snprintf(err, errlen, "%s", s->abort_reason ? "script took too long to load"
                                 : msg ? msg : "error loading script");
     /* One line for a load error: file:line: message. The traceback adds nothing here. */
@@ -114,7 +121,16 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
       *tb = '\0';
     goto fail;
   }
-  s->handle_ref = luaL_ref(s->L, LUA_REGISTRYINDEX);
+  /* The reference may grow the registry: protected too, as a setup may have left the state
+     at its cap. */
+  lua_pushcfunction(s->L, ref_protected);
+  lua_insert(s->L, -2);
+  if (lua_pcall(s->L, 1, 1, 0) != LUA_OK) {
+    snprintf(err, errlen, "out of memory after setup (the slot's limit is %zu MB)",
+             s->mem_limit / (1024 * 1024));
+    goto fail;
+  }
+  s->handle_ref = (int)lua_tointeger(s->L, -1);
   lua_settop(s->L, 0);
   return s;
 fail:
@@ -172,41 +188,76 @@ void script_check_live(lua_State *L, const char *what)
     luaL_error(L, "%s: the worker is stopping", what);
 }
 
+/* What one run gathers inside the protected call (run_protected). Outside it, script_run
+   reads only these plain C fields: nothing of the state's values. */
+struct run_ctx {
+  struct script *s;
+  struct task *t;
+  struct outcome out;          /* read from handle's answer; moved to t->out */
+  enum { STAGE_TASK, STAGE_HANDLE, STAGE_OUTCOME } stage;
+  int handle_rc;               /* handle's lua_pcall status */
+  int payload_refused;         /* the payload cannot fit the cap: refused before decoding */
+  char *handle_err;            /* its error value as text (malloc'd), or NULL */
+};
+
 void script_run(struct script *s, struct task *t)
 {
   lua_State *L = s->L;
   double start = task_now();
+  struct run_ctx c = { .s = s, .t = t, .stage = STAGE_TASK, .handle_rc = LUA_OK };
+  c.out.delay = -1;
   s->current = t;
   s->abort_reason = NULL;
   s->deadline = s->host->task_timeout > 0 ? start + s->host->task_timeout : 0;
-  lua_settop(L, 0);
-  lua_pushcfunction(L, msg_handler);
-  int base = lua_gettop(L);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, s->handle_ref);
-  push_task(L, s, t);
-  lua_sethook(L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
   s->refused = 0;
-  int rc = lua_pcall(L, 1, LUA_MULTRET, base);
+  /* Nothing between here and the end of lua_pcall can raise outside it: a light C function
+     and a light userdata take no memory, and the stack has LUA_MINSTACK free slots. */
+  lua_settop(L, 0);
+  lua_sethook(L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  lua_pushcfunction(L, run_protected);
+  lua_pushlightuserdata(L, &c);
+  int rc = lua_pcall(L, 1, 0, 0);
   lua_sethook(L, NULL, 0, 0);
   t->duration = task_now() - start;
-  /* Judged by the allocator, not by the error's status: C code (leash.json, a pcall that
-     re-raises) may pass a memory error on as an ordinary one, and a script may catch it. */
-  if (rc == LUA_OK) {
-    read_outcome(s, t, base, lua_gettop(L) - base);
+  /* A failure outside handle's own call (building the task, reading its answer) left its
+     error value on the stack; only a string is read (lua_tostring converts nothing then). */
+  const char *outer = rc != LUA_OK && lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+  char msg[600];
+  outcome_clear(&t->out);
+  if (rc == LUA_OK && c.handle_rc == LUA_OK) {
+    t->out = c.out;            /* moved: c.out is not freed below */
+    c.out = (struct outcome){ .delay = -1 };
+    /* Judged by the allocator, not by the error's status: C code (leash.json, a pcall that
+       re-raises) may pass a memory error on as an ordinary one, and a script may catch it.
+       Caught, the outcome stands, but the state is rebuilt. */
     if (s->refused)
-      s->broken = 1;   /* the script caught it: its outcome stands, the state is rebuilt */
-  } else if (rc == LUA_ERRMEM || s->refused) {
-    s->broken = 1;
-    char msg[96];
-    snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)",
-             s->mem_limit / (1024 * 1024));
+      s->broken = 1;
+  } else if (rc == LUA_ERRMEM || c.handle_rc == LUA_ERRMEM || s->refused || c.payload_refused) {
+    if (!c.payload_refused || s->refused)
+      s->broken = 1;   /* the state met its cap; one refused before decoding did not */
+    snprintf(msg, sizeof msg, "out of memory (the slot's limit is %zu MB)%s%s%s",
+             s->mem_limit / (1024 * 1024),
+             c.stage == STAGE_TASK ? " building the task table (is the payload too big?)"
+             : c.stage == STAGE_OUTCOME ? " reading handle's answer" : "",
+             c.payload_refused && outer ? ": " : "", c.payload_refused && outer ? outer : "");
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
   } else if (s->abort_reason) {
     outcome_set(&t->out, OUTCOME_RETRY, s->abort_cause, NULL, s->abort_reason);
+  } else if (c.handle_rc != LUA_OK) {
+    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR,
+                c.handle_rc == LUA_ERRERR ? "error while handling an error: " : NULL,
+                c.handle_err ? c.handle_err : "error without a message");
+  } else if (c.stage == STAGE_OUTCOME) {
+    /* handle returned, but reading its answer raised: a __tostring that raised or did not
+       give a string, say. The script's fault, not the worker's. */
+    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_CONTRACT, "handle's answer could not be read: ",
+                outer ? outer : "(error object is not a string)");
   } else {
-    const char *msg = lua_tostring(L, -1);
-    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR, NULL, msg ? msg : "error without a message");
+    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR, "the task table could not be built: ",
+                outer ? outer : "(error object is not a string)");
   }
+  outcome_clear(&c.out);
+  free(c.handle_err);
   lua_settop(L, 0);
   s->current = NULL;
   s->deadline = 0;
@@ -220,51 +271,117 @@ void script_run(struct script *s, struct task *t)
     lua_gc(L, LUA_GCCOLLECT);
 }
 
-/* [-(nret), +0, m] What handle returned, as SPEC.md's table maps it. */
-static void read_outcome(struct script *s, struct task *t, int base, int nret)
+/* The whole run in one protected call: the task table (the payload's decoding may run out
+   of memory), handle under its message handler, and the reading of its answer (which may
+   call __tostring and allocate). Whatever raises here ends up in script_run's lua_pcall,
+   never in the panic handler. Arg 1: the run_ctx. */
+static int run_protected(lua_State *L)
 {
-  lua_State *L = s->L;
-  int v = base + 1;
+  struct run_ctx *c = lua_touserdata(L, 1);
+  struct script *s = c->s;
+  lua_settop(L, 0);
+  /* Every encoding in the state (results, json.encode, step results, query parameters)
+     stops at the result limit: its text lives outside the Lua heap and the memory cap. */
+  jsonlua_set_max_bytes(L, s->host->max_result_bytes);
+  lua_pushcfunction(L, msg_handler);                       /* 1 */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, s->handle_ref);
+  push_task(L, c);
+  c->stage = STAGE_HANDLE;
+  c->handle_rc = lua_pcall(L, 1, LUA_MULTRET, 1);
+  if (c->handle_rc != LUA_OK) {
+    /* The message handler made the value a string unless the failure bypassed it (a
+       memory error's message is a string too). */
+    if (lua_type(L, -1) == LUA_TSTRING)
+      c->handle_err = strndup(lua_tostring(L, -1), OUTCOME_ERROR_MAX);
+    return 0;
+  }
+  c->stage = STAGE_OUTCOME;
+  read_outcome(L, &c->out, 2, lua_gettop(L) - 1);
+  return 0;
+}
+
+/* [-0, +0, e] What handle returned (the values from v on, nret of them), as SPEC.md's
+   table maps it, into o: everything it keeps is copied to C memory. May raise (a
+   __tostring, memory): it runs inside run_protected. */
+static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
+{
   const char *kind;
   char err[512];
-  if (nret == 0 || lua_isnil(L, v) || (lua_isboolean(L, v) && lua_toboolean(L, v))) {
-    t->out.kind = OUTCOME_SUCCESS;
+  int too_big = 0;
+  /* nil, msg is a failure with msg (the Lua idiom, as io.open's); false, msg the same */
+  int failed = nret >= 1 && (lua_isboolean(L, v) ? !lua_toboolean(L, v)
+                             : lua_isnil(L, v) && nret >= 2 && !lua_isnil(L, v + 1));
+  if (!failed && (nret == 0 || lua_isnil(L, v) || lua_isboolean(L, v))) {
+    o->kind = OUTCOME_SUCCESS;
     return;
   }
-  if (lua_isboolean(L, v)) {   /* false, msg */
-    outcome_set(&t->out, OUTCOME_RETRY, CAUSE_RETURNED, NULL,
-                nret >= 2 && lua_type(L, v + 1) != LUA_TNIL ? luaL_tolstring(L, v + 1, NULL)
-                                                            : "handle returned false");
+  if (failed) {
+    if (nret >= 2 && !lua_isnil(L, v + 1)) {
+      luaL_tolstring(L, v + 1, NULL);                      /* may raise: protected */
+      outcome_set(o, OUTCOME_RETRY, CAUSE_RETURNED, NULL, lua_tostring(L, -1));
+      lua_pop(L, 1);
+    } else {
+      outcome_set(o, OUTCOME_RETRY, CAUSE_RETURNED, NULL, "handle returned false");
+    }
     return;
   }
   if ((kind = api_outcome_kind(L, v)) != NULL) {
     if (strcmp(kind, "ok") == 0) {
-      t->out.kind = OUTCOME_SUCCESS;
+      o->kind = OUTCOME_SUCCESS;
       lua_getfield(L, v, "result");
       if (!lua_isnil(L, -1)) {
-        t->out.result = jsonlua_encode(L, -1, err, sizeof err);
-        if (!t->out.result)
-          outcome_set(&t->out, OUTCOME_RETRY, CAUSE_CONTRACT,
+        size_t max = jsonlua_max_bytes(L);
+        o->result = jsonlua_encode_max(L, -1, max, &too_big, err, sizeof err);
+        if (!o->result && too_big)
+          outcome_set(o, OUTCOME_RETRY, CAUSE_MEMORY,
+                      "leash.ok: result too large to store (--max-result-bytes): ", err);
+        else if (!o->result)
+          outcome_set(o, OUTCOME_RETRY, CAUSE_CONTRACT,
                       "leash.ok: result cannot be stored as JSON: ", err);
       }
+      lua_pop(L, 1);
       return;
     }
+    /* The fields are the script's to change after leash.retry made them: read each with
+       its type checked, nothing converted. */
+    enum outcome_kind k = strcmp(kind, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_FATAL;
     lua_getfield(L, v, "message");
-    outcome_set(&t->out, strcmp(kind, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_FATAL,
-                CAUSE_RETURNED, NULL, lua_tostring(L, -1) ? lua_tostring(L, -1) : kind);
-    lua_getfield(L, v, "delay");
-    if (lua_isnumber(L, -1))
-      t->out.delay = lua_tonumber(L, -1);
+    outcome_set(o, k, CAUSE_RETURNED, NULL,
+                lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : kind);
+    lua_pop(L, 1);
+    if (k == OUTCOME_RETRY && lua_getfield(L, v, "delay") != LUA_TNIL) {
+      lua_Number d = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
+      if (lua_type(L, -1) != LUA_TNUMBER || !(d >= 0) || !isfinite(d)) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+          snprintf(err, sizeof err, "a %s", luaL_typename(L, -1));
+        else if (isnan(d) || isinf(d))
+          snprintf(err, sizeof err, "%s", isnan(d) ? "NaN" : d > 0 ? "inf" : "-inf");
+        else
+          snprintf(err, sizeof err, "%g", (double)d);
+        char why[640];
+        snprintf(why, sizeof why, "retry delay must be a finite number of seconds >= 0, "
+                 "not %s (message: %s)", err, o->error ? o->error : "");
+        outcome_set(o, OUTCOME_RETRY, CAUSE_CONTRACT, NULL, why);
+      } else {
+        /* A delay past the backoff cap is cut to it: no row waits longer than the policy
+           would make it, whatever an upstream's Retry-After said. */
+        o->delay = d > LIFECYCLE_BACKOFF_CAP_S ? LIFECYCLE_BACKOFF_CAP_S : d;
+      }
+      lua_pop(L, 1);
+    }
     return;
   }
   snprintf(err, sizeof err, "handle returned a %s; return nothing, true, leash.ok(result), "
-           "false, msg, leash.retry(msg) or leash.fatal(msg)", luaL_typename(L, v));
-  outcome_set(&t->out, OUTCOME_RETRY, CAUSE_CONTRACT, NULL, err);
+           "nil or false with a message, leash.retry(msg) or leash.fatal(msg)",
+           luaL_typename(L, v));
+  outcome_set(o, OUTCOME_RETRY, CAUSE_CONTRACT, NULL, err);
 }
 
 /* [-0, +1, m] The task table handed to handle. */
-static void push_task(lua_State *L, struct script *s, struct task *t)
+static void push_task(lua_State *L, struct run_ctx *c)
 {
+  struct script *s = c->s;
+  struct task *t = c->t;
   char err[256];
   lua_createtable(L, 0, 10);
   lua_pushinteger(L, t->id);
@@ -283,7 +400,17 @@ static void push_task(lua_State *L, struct script *s, struct task *t)
     lua_pushstring(L, t->batch);
     lua_setfield(L, -2, "batch");
   }
-  if (jsonlua_decode(L, t->payload, strlen(t->payload), err, sizeof err) != 0)
+  size_t len = strlen(t->payload);
+  /* jansson builds the whole tree in host memory before Lua sees it, at about three times
+     what the Lua tables will take: a payload whose Lua form cannot fit the cap is refused
+     before that tree is built (5,000,000 empty objects are 15 MB of text, 1 GB in jansson). */
+  size_t need = s->mem_limit ? payload_lua_bytes(t->payload, len) : 0;
+  if (s->mem_limit && need / 4 * 3 > s->mem_limit) {   /* a margin for other builds' sizes */
+    c->payload_refused = 1;
+    luaL_error(L, "the payload needs at least %d MB as Lua values",
+               (int)(need / (1024 * 1024)));
+  }
+  if (jsonlua_decode(L, t->payload, len, err, sizeof err) != 0)
     lua_pushstring(L, t->payload);   /* jsonb text always decodes; keep the text otherwise */
   lua_setfield(L, -2, "payload");
   /* lease_lost reads the task by id, so a task table kept past its run answers true
@@ -291,6 +418,62 @@ static void push_task(lua_State *L, struct script *s, struct task *t)
   lua_pushinteger(L, t->id);
   lua_pushcclosure(L, l_task_lease_lost, 1);
   lua_setfield(L, -2, "lease_lost");
+}
+
+/* A lower bound of the Lua memory JSON text decodes to: 56 bytes a table (sizeof(Table) on
+   64-bit Lua 5.4), 24 an object member (a hash Node), 16 an array element (a TValue); strings
+   are not counted (equal short strings are shared). Never above what Lua needs, so a payload
+   that fits is never refused. Strings are skipped with their escapes; nesting past the bit
+   stack's depth (jansson refuses it anyway) is counted as objects. */
+static size_t payload_lua_bytes(const char *text, size_t len)
+{
+  enum { MAX_TRACKED = 4096 };
+  unsigned char in_array[MAX_TRACKED / 8] = { 0 };
+  size_t depth = 0, bytes = 0;
+  int after_open = 0;        /* the last token opened a container */
+  for (size_t i = 0; i < len; i++) {
+    char c = text[i];
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r')
+      continue;
+    size_t d = depth - 1;
+    int arr = depth > 0 && depth <= MAX_TRACKED && (in_array[d / 8] >> (d % 8) & 1);
+    if (after_open && arr && c != ']')
+      bytes += 16;           /* an array's first element: no comma before it */
+    after_open = 0;
+    switch (c) {
+    case '"':
+      for (i++; i < len && text[i] != '"'; i++)
+        if (text[i] == '\\')
+          i++;
+      break;
+    case '{':
+    case '[':
+      depth++;
+      d = depth - 1;
+      if (depth <= MAX_TRACKED) {
+        if (c == '[')
+          in_array[d / 8] |= (unsigned char)(1u << (d % 8));
+        else
+          in_array[d / 8] &= (unsigned char)~(1u << (d % 8));
+      }
+      bytes += 56;
+      after_open = 1;
+      break;
+    case '}':
+    case ']':
+      if (depth > 0)
+        depth--;
+      break;
+    case ':':
+      bytes += 24;
+      break;
+    case ',':
+      if (arr)
+        bytes += 16;
+      break;
+    }
+  }
+  return bytes;
 }
 
 static int l_task_lease_lost(lua_State *L)
@@ -498,15 +681,42 @@ static int l_print(lua_State *L)
   return 0;
 }
 
-/* The message handler: text for any error value, plus a traceback. */
+/* Protected body of the handle's registry reference: arg 1 is handle; returns the ref. */
+static int ref_protected(lua_State *L)
+{
+  lua_pushinteger(L, luaL_ref(L, LUA_REGISTRYINDEX));
+  return 1;
+}
+
+/* Protected body of msg_handler's __tostring call: arg 1 is the error value. */
+static int tostring_protected(lua_State *L)
+{
+  luaL_tolstring(L, 1, NULL);
+  return 1;
+}
+
+/* The message handler: text for any error value, plus a traceback for a string. A value's
+   __tostring is the script's code: it runs in a protected call of its own, so one that
+   raises, returns a non-string or frees things ends here as a message, never as an error in
+   the handler (LUA_ERRERR) or a panic; one that loops is stopped by the count hook. */
 static int msg_handler(lua_State *L)
 {
-  const char *msg = lua_tostring(L, 1);
-  if (msg == NULL) {
-    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
-      return 1;
-    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  const char *msg = NULL;
+  int t = lua_type(L, 1);
+  if (t == LUA_TSTRING || t == LUA_TNUMBER) {
+    msg = lua_tostring(L, 1);
+  } else if (luaL_getmetafield(L, 1, "__tostring") != LUA_TNIL) {   /* raw: no metamethod */
+    lua_pop(L, 1);
+    lua_pushcfunction(L, tostring_protected);
+    lua_pushvalue(L, 1);
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK)
+      return 1;                                    /* the script's own text, as it is */
+    msg = lua_pushfstring(L, "(error object is a %s value whose __tostring failed: %s)",
+                          luaL_typename(L, 1), lua_type(L, -1) == LUA_TSTRING
+                                                   ? lua_tostring(L, -1) : "no message");
   }
+  if (msg == NULL)
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   luaL_traceback(L, L, msg, 1);
   return 1;
 }
@@ -559,10 +769,14 @@ static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
   return p;
 }
 
+/* Last resort: every call into the state that can raise runs under lua_pcall (script_run,
+   script_load_text), so reaching this is a bug in leash, not in a script. Lua aborts when
+   the handler returns; it is logged first so the bug can be found. */
 static int panic_handler(lua_State *L)
 {
-  const char *msg = lua_tostring(L, -1);
-  log_error("Lua panic (unprotected error): %s", msg ? msg : "?");
+  const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+  log_error("Lua panic, a bug in leash (an error raised outside any protected call): %s",
+            msg ? msg : "(error object is not a string)");
   abort();
   return 0;
 }

@@ -30,6 +30,7 @@ struct script_host {
   pthread_cond_t *wake_cv;      /* (initialised with CLOCK_MONOTONIC) */
   double task_timeout;          /* seconds; 0 = none */
   size_t memory_limit;          /* bytes per state; 0 = none */
+  size_t max_result_bytes;      /* most bytes of JSON text one encoding may make; 0 = none */
   const char *const *tenants;   /* --tenant scope (leash.enqueue stays inside it), or none */
   int ntenants;
   const char *const *lua_path;  /* folders require searches after the script's own */

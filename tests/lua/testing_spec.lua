@@ -15,6 +15,9 @@ describe("leash.testing outcomes", function()
     { "returns leash.ok()", "return leash.ok()", "done" },
     { "returns false, msg", "return false, 'upstream said no'", "retry", "upstream said no" },
     { "returns false alone", "return false", "retry", "handle returned false" },
+    { "returns nil, msg", "return nil, 'upstream failed: 503'", "retry", "upstream failed: 503" },
+    { "returns nil alone", "return nil", "done" },
+    { "returns nil, nil", "return nil, nil", "done" },
     { "returns leash.retry(msg)", "return leash.retry('later')", "retry", "later" },
     { "returns leash.retry()", "return leash.retry()", "retry", "retry requested" },
     { "returns leash.fatal(msg)", "return leash.fatal('never')", "dead", "never" },
@@ -47,7 +50,19 @@ describe("leash.testing outcomes", function()
     assert.equal("retry", out.status)
     assert.equal("custom", out.error)
     out = script("error({})"):run({})
-    assert.equal("(error object is a table value)", out.error)
+    assert.truthy(out.error:find("(error object is a table value)", 1, true))
+  end)
+
+  it("survives error values and messages whose __tostring raises, as the host does", function()
+    local out = script("error(setmetatable({}, { __tostring = function() error('boom') end }))"):run({})
+    assert.equal("retry", out.status)
+    assert.truthy(out.error:find("__tostring failed", 1, true), out.error)
+    out = script("return false, setmetatable({}, { __tostring = function() error('boom') end })"):run({})
+    assert.equal("retry", out.status)
+    assert.is_true(out.contract)
+    assert.truthy(out.error:find("handle's answer could not be read", 1, true), out.error)
+    out = script("return nil, setmetatable({}, { __tostring = function() return {} end })"):run({})
+    assert.is_true(out.contract)
   end)
 
   it("turns a result that cannot be stored as JSON into a retry", function()
@@ -62,6 +77,41 @@ describe("leash.testing outcomes", function()
     local out = script("return leash.retry('x', -1)"):run({})
     assert.equal("retry", out.status)
     assert.truthy(out.error:find("delay must be", 1, true))
+  end)
+
+  it("refuses NaN, infinite and string delays at the call, as the host raises", function()
+    for _, d in ipairs({ "0/0", "math.huge", "-math.huge", "'5'" }) do
+      local out = script("return leash.retry('x', " .. d .. ")"):run({})
+      assert.equal("retry", out.status)
+      assert.is_true(out.raised, d)
+      assert.truthy(out.error:find("bad argument #2 to 'retry'", 1, true), out.error)
+    end
+  end)
+
+  it("makes a delay set by hand that is not a finite number >= 0 a contract error", function()
+    for d, shown in pairs({ ["math.huge"] = "inf", ["-5"] = "-5", ["'1e400'"] = "a string",
+                            ["0/0"] = "NaN", ["{}"] = "a table" }) do
+      local out = script("local o = leash.retry('x'); o.delay = " .. d .. "; return o"):run({})
+      assert.equal("retry", out.status)
+      assert.is_true(out.contract, d)
+      assert.is_nil(out.delay)
+      assert.equal("retry delay must be a finite number of seconds >= 0, not " .. shown
+                   .. " (message: x)", out.error)
+    end
+  end)
+
+  it("cuts a delay above the backoff cap to the cap", function()
+    assert.equal(3600, script("return leash.retry('x', 1e20)"):run({}).delay)
+    assert.equal(3600, script("local o = leash.retry('x'); o.delay = 7200; return o"):run({}).delay)
+    assert.equal(0, script("return leash.retry('x', 0)"):run({}).delay)
+  end)
+
+  it("refuses a result larger than max_result_bytes", function()
+    local h = script("return leash.ok({ s = string.rep('x', 100) })", { max_result_bytes = 50 })
+    local out = h:run({})
+    assert.equal("retry", out.status)
+    assert.truthy(out.error:find("--max-result-bytes", 1, true))
+    assert.equal("done", script("return leash.ok({ s = string.rep('x', 100) })"):run({}).status)
   end)
 
   it("makes a retry on the last attempt dead (attempts exhausted)", function()

@@ -16,8 +16,10 @@
 ---     (no io, debug, package, load, dofile, rawset, collectgarbage, os.exit…); print logs;
 ---   * require "x.y" loads x/y.lua from the script's folder, then each opts.lua_path folder,
 ---     once per harness (like once per slot);
----   * outcomes: nothing/true/leash.ok → done (the result must encode as JSON); false, msg /
----     leash.retry / a raised error / any other return value → retry; leash.fatal → dead;
+---   * outcomes: nothing/nil/true/leash.ok → done (the result must encode as JSON, within
+---     opts.max_result_bytes, default 16 MB); nil, msg / false, msg / leash.retry / a raised
+---     error / any other return value → retry; leash.fatal → dead; a retry delay must be a
+---     finite number >= 0 (else a contract error) and is cut to the backoff cap (3600 s);
 ---     a retry on the last attempt (attempt >= max_attempts) → dead;
 ---   * leash.json encodes by the host's rules (sorted keys, {} for an empty table,
 ---     json.array for [], errors on mixed keys, holes, NaN, functions, cycles);
@@ -217,8 +219,11 @@ local function new_fake(h)
   local leash = { null = NULL }
   function leash.ok(result) return setmetatable({ kind = "ok", result = result }, OUTCOME) end
   function leash.retry(msg, delay)
-    if delay ~= nil and (type(delay) ~= "number" or delay < 0 or delay ~= delay or delay == math.huge) then
-      error("bad argument #2 to 'retry' (delay must be a number of seconds >= 0)", 2)
+    if delay ~= nil and type(delay) ~= "number" then
+      error("bad argument #2 to 'retry' (number of seconds expected, got " .. type(delay) .. ")", 2)
+    end
+    if delay ~= nil and (not (delay >= 0) or delay == math.huge) then
+      error("bad argument #2 to 'retry' (delay must be a finite number of seconds >= 0)", 2)
     end
     return setmetatable({ kind = "retry", message = msg ~= nil and tostring(msg) or "retry requested",
                           delay = delay }, OUTCOME)
@@ -404,36 +409,85 @@ local function new_env(h)
 end
 
 -- ------------------------------------------------------------------ outcomes
+local BACKOFF_CAP = 3600          -- LIFECYCLE_BACKOFF_CAP_S
+local MAX_RESULT_BYTES = 16 * 1024 * 1024
+
+-- As the host's: a string (or number) gets a traceback; a value with __tostring is shown by
+-- it, called protected, so one that raises ends as a message.
 local function message_handler(e)
-  if type(e) == "string" then return debug.traceback(e, 2) end
+  if type(e) == "string" or type(e) == "number" then return debug.traceback(tostring(e), 2) end
   local mt = getmetatable(e)
-  if mt and mt.__tostring then return tostring(e) end
-  return "(error object is a " .. type(e) .. " value)"
+  if type(mt) == "table" and rawget(mt, "__tostring") ~= nil then
+    local ok, text = pcall(tostring, e)
+    if ok and (type(text) == "string" or type(text) == "number") then return text end
+    return debug.traceback("(error object is a " .. type(e) .. " value whose __tostring failed: "
+                           .. (type(text) == "string" and text or "no message") .. ")", 2)
+  end
+  return debug.traceback("(error object is a " .. type(e) .. " value)", 2)
 end
 
-local CONTRACT = "; return nothing, true, leash.ok(result), false, msg, leash.retry(msg) or leash.fatal(msg)"
+local CONTRACT = "; return nothing, true, leash.ok(result), nil or false with a message, leash.retry(msg) or leash.fatal(msg)"
+
+local function number_text(d)
+  if d ~= d then return "NaN" end
+  if d == math.huge then return "inf" end
+  if d == -math.huge then return "-inf" end
+  return string.format("%g", d)
+end
 
 -- The host's mapping of what handle gave back (SPEC.md, "The Lua contract"); res is the
 -- packed results of xpcall.
-local function outcome(res)
+local function outcome(res, max_result_bytes)
   local ok, a, b = res[1], res[2], res[3]
   if not ok then return { status = "retry", error = a, raised = true } end
-  if res.n == 1 or a == nil or a == true then return { status = "done" } end
-  if a == false then
-    return { status = "retry", error = res.n >= 3 and b ~= nil and tostring(b) or "handle returned false" }
+  -- nil, msg is a failure with msg (the Lua idiom); false, msg the same
+  local failed = a == false or (a == nil and res.n >= 3 and b ~= nil)
+  if not failed and (res.n == 1 or a == nil or a == true) then return { status = "done" } end
+  if failed then
+    if res.n >= 3 and b ~= nil then
+      local t_ok, text = pcall(tostring, b)
+      if not t_ok or (type(text) ~= "string" and type(text) ~= "number") then
+        return { status = "retry", contract = true, error = "handle's answer could not be read: "
+                 .. (t_ok and "'__tostring' must return a string" or tostring(text)) }
+      end
+      return { status = "retry", error = tostring(text) }
+    end
+    return { status = "retry", error = "handle returned false" }
   end
   if type(a) == "table" and getmetatable(a) == OUTCOME then
-    if a.kind == "ok" then
-      if a.result ~= nil then
-        local enc_ok, err = pcall(json_encode, a.result)
+    local kind = rawget(a, "kind")
+    if kind == "ok" then
+      local result = rawget(a, "result")
+      if result ~= nil then
+        local enc_ok, err = pcall(json_encode, result)
         if not enc_ok then
           return { status = "retry", error = "leash.ok: result cannot be stored as JSON: " .. err }
         end
+        local max = max_result_bytes or MAX_RESULT_BYTES
+        if #err > max then
+          return { status = "retry", error = "leash.ok: result too large to store (--max-result-bytes): "
+                   .. "the JSON text is larger than the limit of " .. max .. " bytes" }
+        end
       end
-      return { status = "done", result = a.result }
+      return { status = "done", result = result }
     end
-    if a.kind == "retry" then return { status = "retry", error = a.message, delay = a.delay } end
-    return { status = "dead", error = a.message, fatal = true }
+    local message = rawget(a, "message")
+    if type(message) ~= "string" then message = kind end
+    if kind == "retry" then
+      local delay = rawget(a, "delay")
+      if delay ~= nil then
+        if type(delay) ~= "number" or not (delay >= 0) or delay == math.huge then
+          local got = type(delay) == "number" and number_text(delay) or "a " .. type(delay)
+          return { status = "retry", contract = true,
+                   error = "retry delay must be a finite number of seconds >= 0, not " .. got
+                           .. " (message: " .. message .. ")" }
+        end
+        -- past the backoff cap it is cut to the cap, as the host does
+        delay = math.min(delay, BACKOFF_CAP)
+      end
+      return { status = "retry", error = message, delay = delay }
+    end
+    if kind == "fatal" then return { status = "dead", error = message, fatal = true } end
   end
   return { status = "retry", error = "handle returned a " .. type(a) .. CONTRACT, contract = true }
 end
@@ -480,7 +534,7 @@ local function new_harness(dir, opts)
     function task.lease_lost() return h.lease_lost == true end
     self.task = task
     self.runs = self.runs + 1
-    local out = outcome(table.pack(xpcall(self.handle, message_handler, task)))
+    local out = outcome(table.pack(xpcall(self.handle, message_handler, task)), opts.max_result_bytes)
     self.task = nil
     out.attempt = task.attempt
     if out.status == "retry" and task.attempt >= task.max_attempts then out.status = "dead" end
