@@ -139,6 +139,8 @@ static int check_slots(struct host *h, double now, double not_before)
                "stuck in one C call)", g);
       closing = 1;
       slot = i;
+      log_error("watchdog: slot %d is wedged: %s; exiting with status %d", slot, why,
+                HOST_EXIT_WEDGED);
       h->wedged = 1;
       h->wedged_task = NULL;
       h->wedged_settle = 0;
@@ -172,6 +174,13 @@ static int check_slots(struct host *h, double now, double not_before)
     settle = !lost;
     snprintf(id, sizeof id, "%lld", (long long)t->id);
     snprintf(attempt, sizeof attempt, "%d", t->attempt);
+    /* Logged before the dispatcher is told: it may _exit as soon as it sees h->wedged, and
+       the cause must be in the log first. */
+    struct log_field f[] = {
+      { "task_id", id }, { "attempt", attempt }, { "worker", cfg->worker_id }, { NULL, NULL },
+    };
+    log_fields(LOG_ERROR, f, "watchdog: slot %d is wedged: %s; the worker gives its leases "
+               "back and exits with status %d", slot, why, HOST_EXIT_WEDGED);
     /* No renewal from now on (lease.c skips lost tasks): a zombie cannot keep the row. */
     atomic_store(&t->lost, 1);
     h->wedged = 1;
@@ -183,20 +192,11 @@ static int check_slots(struct host *h, double now, double not_before)
   int nheld = h->nheld;
   pthread_mutex_unlock(&h->mu);
   if (closing) {
-    log_error("watchdog: slot %d is wedged: %s; exiting with status %d", slot, why,
-              HOST_EXIT_WEDGED);
     /* Nothing held (the shutdown, where the dispatcher is joining that slot): nothing to
        give back, so no need to wait for the dispatcher. */
     if (nheld == 0)
       _exit(HOST_EXIT_WEDGED);
     return 1;
   }
-  if (!wedged)
-    return 0;
-  struct log_field f[] = {
-    { "task_id", id }, { "attempt", attempt }, { "worker", cfg->worker_id }, { NULL, NULL },
-  };
-  log_fields(LOG_ERROR, f, "watchdog: slot %d is wedged: %s; the worker gives its leases back "
-             "and exits with status %d", slot, why, HOST_EXIT_WEDGED);
-  return 1;
+  return wedged ? 1 : 0;
 }
