@@ -44,6 +44,8 @@
 #include <string.h>
 
 #define TICK_MASK 4095   /* library loops check the deadline every 4,096 elements */
+#define SORT_MAX ((lua_Integer)1 << 20)
+#define DATE_FORMAT_MAX 65536
 
 /* Registry keys by address. */
 static const char g0_key = 'G';        /* load-time globals (a proxy of S after freeze) */
@@ -72,6 +74,8 @@ static int l_tinsert(lua_State *L);
 static int l_tremove(lua_State *L);
 static int l_tconcat(lua_State *L);
 static int l_srep(lua_State *L);
+static int l_tsort(lua_State *L);
+static int l_osdate(lua_State *L);
 int sandbox_pattern_open(lua_State *L);   /* sandbox_pattern.c */
 
 /* ======================================================================= environment */
@@ -129,6 +133,9 @@ void sandbox_open(lua_State *L)
         { "concat", l_tconcat }, { NULL, NULL },
       };
       luaL_setfuncs(L, t, 0);
+      lua_getfield(L, lib, "sort");
+      lua_pushcclosure(L, l_tsort, 1);
+      lua_setfield(L, lib, "sort");
     } else if (strcmp(libs[i].name, LUA_MATHLIBNAME) == 0) {
       /* The generator's state is the slot's: a task seeding it would choose the numbers
          the next tasks get. math.random stays, seeded by Lua at start. */
@@ -143,6 +150,8 @@ void sandbox_open(lua_State *L)
   lua_createtable(L, 0, 4);
   for (const char *const *n = os_names; *n; n++) {
     lua_getfield(L, -2, *n);
+    if (strcmp(*n, "date") == 0)
+      lua_pushcclosure(L, l_osdate, 1);
     lua_setfield(L, -2, *n);
   }
   push_readonly(L, lua_gettop(L), "os", 0);
@@ -516,7 +525,12 @@ static int l_print(lua_State *L)
    - table.move, insert, remove, concat: the same semantics, checking the deadline every
      4,096 elements (insert/remove trust #t, which a __len metamethod can make huge);
      concat also refuses a result over SANDBOX_MAX_STRING.
+   - table.sort without a comparator written in Lua: refuses more than SORT_MAX elements
+     (Lua's quicksort is C then; 2^20 numbers take ~0.4 s, 2^22 ~1.7 s). With a Lua
+     comparator (or Lua __lt metamethods) the hook fires in each comparison: no limit.
    - string.rep: refuses a result over SANDBOX_MAX_STRING before building it.
+   - os.date: refuses a format over DATE_FORMAT_MAX bytes (each conversion is a strftime:
+     a million "%c" take ~0.2 s and make 24 MB).
    - string.find, match, gmatch, gsub: a matcher that counts its steps and checks the
      deadline (sandbox_pattern.c).
    Left as they are, because their work is bounded by their input or by the stack: utf8.*
@@ -658,4 +672,37 @@ static int l_srep(lua_State *L)
   lua_insert(L, 1);
   lua_call(L, lua_gettop(L) - 1, 1);
   return 1;
+}
+
+/* table.sort(t [, comp]): Lua's, after the size check above. */
+static int l_tsort(lua_State *L)
+{
+  luaL_checkany(L, 1);
+  int lua_comp = lua_isfunction(L, 2) && !lua_iscfunction(L, 2);
+  if (!lua_comp) {
+    lua_Integer n = luaL_len(L, 1);
+    if (n > SORT_MAX)
+      return luaL_error(L, "table.sort: %I elements without a comparator written in Lua "
+                        "(the limit is %I: sort in parts, or pass a comparator)",
+                        (LUAI_UACINT)n, (LUAI_UACINT)SORT_MAX);
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 0);
+  return 0;
+}
+
+/* os.date([format [, time]]): Lua's, after the format's length check above. */
+static int l_osdate(lua_State *L)
+{
+  size_t len = 0;
+  if (lua_type(L, 1) == LUA_TSTRING)
+    lua_tolstring(L, 1, &len);
+  if (len > DATE_FORMAT_MAX)
+    return luaL_error(L, "os.date: format of %d bytes (the limit is %d)", (int)len,
+                      DATE_FORMAT_MAX);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
 }

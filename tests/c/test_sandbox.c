@@ -233,7 +233,9 @@ static void table_library_loops_stop_at_the_deadline(void)
     { "tremove_huge_len", NULL }, { "tconcat_index", NULL },
     { "tconcat_huge", "table.concat: result over 64 MB" },
     { "tunpack_huge", "too many results to unpack" },
-    { "tsort_looping_comparator", NULL }, { NULL, NULL },
+    { "tsort_looping_comparator", NULL },
+    { "tsort_huge_without_comparator", "table.sort: 1048577 elements without a comparator" },
+    { "tsort_big_with_lua_comparator", NULL }, { NULL, NULL },
   };
   run_loops(cases);
 }
@@ -246,6 +248,7 @@ static void strings_built_in_one_call_are_bounded(void)
     { "utf8_char_huge_range", "too many results to unpack" },
     { "utf8_codepoint_huge_range", "string slice too long" },
     { "format_wide", "invalid conversion" },
+    { "os_date_huge_format", "os.date: format of 2097152 bytes" },
     { "gsub_result_huge", "string.gsub: result over 64 MB" }, { NULL, NULL },
   };
   run_loops(cases);
