@@ -28,7 +28,8 @@
      script set it; a host metatable (JSON arrays, query results) reads as "host", so a
      task cannot rewire values the next task gets.
    - Modules. require'd files found at load time run once and are kept; a plain module
-     table is returned as a read-only proxy. A module first required while a task runs
+     table is returned as a proxy, writable while loading (setup may configure it),
+     read-only from the first task on. A module first required while a task runs
      lives only for that task (the next task loads it again), so it cannot carry state.
    - Bounded C loops: see the section "Bounded library functions" below. */
 #include "sandbox.h"
@@ -60,6 +61,9 @@ static const char made_mt_key = 'W';   /* metatables the script set (weak keys) 
 static int l_entry(lua_State *L);
 static void task_env(lua_State *L);
 static void push_readonly(lua_State *L, int idx, const char *name, int deep);
+static void push_module_proxy(lua_State *L, int idx, const char *name);
+static int frozen(lua_State *L);
+static int l_module_newindex(lua_State *L);
 static int l_ro_newindex(lua_State *L);
 static int l_ro_pairs(lua_State *L);
 static int l_ro_next(lua_State *L);
@@ -189,10 +193,7 @@ void sandbox_bind_chunk(lua_State *L, int idx)
   idx = lua_absindex(L, idx);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &cur_key);
   lua_setupvalue(L, idx, 1);                       /* a main chunk's only upvalue: _ENV */
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &tmpl_key);
-  int frozen = !lua_isnil(L, -1);
-  lua_pop(L, 1);
-  if (frozen)
+  if (frozen(L))
     return;                                        /* a task's module: lives for the task */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &chunks_key);
   lua_pushvalue(L, idx);
@@ -325,6 +326,35 @@ static void push_readonly(lua_State *L, int idx, const char *name, int deep)
   lua_pushliteral(L, "read-only");
   lua_setfield(L, -2, "__metatable");
   lua_setmetatable(L, -2);
+}
+
+/* [-0, +1, m] push_readonly's proxy, but writable (into the module) until sandbox_freeze. */
+static void push_module_proxy(lua_State *L, int idx, const char *name)
+{
+  idx = lua_absindex(L, idx);
+  push_readonly(L, idx, name, 0);
+  lua_getmetatable(L, -1);
+  lua_pushstring(L, name);
+  lua_pushvalue(L, idx);
+  lua_pushcclosure(L, l_module_newindex, 2);
+  lua_setfield(L, -2, "__newindex");
+  lua_pop(L, 1);
+}
+
+static int frozen(lua_State *L)
+{
+  int f = lua_rawgetp(L, LUA_REGISTRYINDEX, &tmpl_key) != LUA_TNIL;
+  lua_pop(L, 1);
+  return f;
+}
+
+static int l_module_newindex(lua_State *L)
+{
+  if (frozen(L))
+    return l_ro_newindex(L);
+  lua_settop(L, 3);
+  lua_rawset(L, lua_upvalueindex(2));
+  return 0;
 }
 
 static int l_ro_newindex(lua_State *L)
@@ -470,10 +500,11 @@ static int l_require(lua_State *L)
       lua_pop(L, 1);
       lua_pushboolean(L, 1);
     } else if (lua_type(L, -1) == LUA_TTABLE && !has_metatable(L, -1)) {
-      /* A plain module table: read-only to its users (the module's own code keeps the
-         real table and may still change it). One with a metatable (a class, a callable
-         module) is returned as it is, so its metamethods keep working. */
-      push_readonly(L, -1, name, 0);
+      /* A plain module table: read-only to its users once loading is over (setup may
+         still configure it; the module's own code keeps the real table). One with a
+         metatable (a class, a callable module) is returned as it is, so its metamethods
+         keep working. */
+      push_module_proxy(L, -1, name);
     }
   }
   lua_pushvalue(L, -1);
