@@ -57,6 +57,7 @@ static const char cur_key = 'E';       /* the globals code runs against right no
 static const char modules_key = 'M';   /* modules loaded at load time */
 static const char task_modules_key = 'm';  /* modules first loaded by the current task */
 static const char made_mt_key = 'W';   /* metatables the script set (weak keys) */
+static const char size_key = 'N';      /* number of entries in S: each T's size */
 
 static int l_entry(lua_State *L);
 static void task_env(lua_State *L);
@@ -73,6 +74,7 @@ static int l_require(lua_State *L);
 static int l_print(lua_State *L);
 static int has_metatable(lua_State *L, int idx);
 static void tick(lua_State *L, lua_Integer *n);
+static void check_tab(lua_State *L, int arg, int need);
 static int l_tmove(lua_State *L);
 static int l_tinsert(lua_State *L);
 static int l_tremove(lua_State *L);
@@ -208,12 +210,16 @@ void sandbox_freeze(lua_State *L)
   int g0 = lua_gettop(L);
   lua_newtable(L);                                 /* S */
   int tmpl = lua_gettop(L);
+  lua_Integer n = 0;
   lua_pushnil(L);
   while (lua_next(L, g0)) {
     lua_pushvalue(L, -2);
     lua_insert(L, -2);
     lua_rawset(L, tmpl);
+    n++;
   }
+  lua_pushinteger(L, n);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &size_key);
   /* Empty G0 (collect the keys first: clearing while traversing is allowed, but this reads
      plainly), keep the script's metatable for the tasks, make G0 a proxy of S. */
   if (lua_getmetatable(L, g0))
@@ -257,7 +263,10 @@ static void task_env(lua_State *L)
   int tmpl = lua_gettop(L);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &g0_key);
   int g0 = lua_gettop(L);
-  lua_createtable(L, 0, 48);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &size_key);
+  int size = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  lua_createtable(L, 0, size);                     /* sized once: no rehash while copying */
   int t = lua_gettop(L);
   lua_pushnil(L);
   while (lua_next(L, tmpl)) {
@@ -570,6 +579,31 @@ static int l_print(lua_State *L)
    string.format (widths and precisions of at most 2 digits), table.sort (its comparator
    and __lt are Lua code, where the hook fires; its array length is checked by Lua). */
 
+#define TAB_R 1   /* read: __index */
+#define TAB_W 2   /* write: __newindex */
+#define TAB_L 4   /* length: __len */
+
+/* A table, or a value whose metatable has the metamethods the function needs, as Lua's
+   own table functions accept; else "table expected". */
+static void check_tab(lua_State *L, int arg, int need)
+{
+  if (lua_type(L, arg) == LUA_TTABLE)
+    return;
+  static const char *const fields[] = { "__index", "__newindex", "__len" };
+  int ok = lua_getmetatable(L, arg);
+  if (ok) {
+    for (int i = 0; i < 3 && ok; i++) {
+      if (need & (1 << i)) {
+        ok = lua_getfield(L, -1, fields[i]) != LUA_TNIL;
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  if (!ok)
+    luaL_checktype(L, arg, LUA_TTABLE);
+}
+
 static void tick(lua_State *L, lua_Integer *n)
 {
   if ((++*n & TICK_MASK) == 0)
@@ -584,8 +618,8 @@ static int l_tmove(lua_State *L)
   lua_Integer t = luaL_checkinteger(L, 4);
   int tt = !lua_isnoneornil(L, 5) ? 5 : 1;
   lua_Integer steps = 0;
-  luaL_checkany(L, 1);
-  luaL_checkany(L, tt);
+  check_tab(L, 1, TAB_R);
+  check_tab(L, tt, TAB_W);
   if (e >= f) {
     luaL_argcheck(L, f > 0 || e < LUA_MAXINTEGER + f, 3, "too many elements to move");
     lua_Integer n = e - f + 1;
@@ -612,7 +646,7 @@ static int l_tmove(lua_State *L)
 static int l_tinsert(lua_State *L)
 {
   lua_Integer steps = 0, pos;
-  luaL_checkany(L, 1);
+  check_tab(L, 1, TAB_R | TAB_W | TAB_L);
   lua_Integer e = luaL_len(L, 1);
   luaL_argcheck(L, e < LUA_MAXINTEGER, 1, "table too long");
   e++;                                             /* the first empty element */
@@ -640,11 +674,11 @@ static int l_tinsert(lua_State *L)
 static int l_tremove(lua_State *L)
 {
   lua_Integer steps = 0;
-  luaL_checkany(L, 1);
+  check_tab(L, 1, TAB_R | TAB_W | TAB_L);
   lua_Integer size = luaL_len(L, 1);
   lua_Integer pos = luaL_optinteger(L, 2, size);
-  if (pos != size)
-    luaL_argcheck(L, (lua_Unsigned)pos - 1u <= (lua_Unsigned)size, 2, "position out of bounds");
+  if (pos != size)   /* argument 1 in the message, as Lua 5.4.4 says it */
+    luaL_argcheck(L, (lua_Unsigned)pos - 1u <= (lua_Unsigned)size, 1, "position out of bounds");
   lua_geti(L, 1, pos);
   for (; pos < size; pos++) {
     lua_geti(L, 1, pos + 1);
@@ -661,7 +695,7 @@ static int l_tconcat(lua_State *L)
 {
   size_t lsep, total = 0;
   lua_Integer steps = 0;
-  luaL_checkany(L, 1);
+  check_tab(L, 1, TAB_R | TAB_L);
   const char *sep = luaL_optlstring(L, 2, "", &lsep);
   lua_Integer i = luaL_optinteger(L, 3, 1);
   lua_Integer last = lua_isnoneornil(L, 4) ? luaL_len(L, 1) : luaL_checkinteger(L, 4);
@@ -672,7 +706,8 @@ static int l_tconcat(lua_State *L)
     size_t len;
     lua_geti(L, 1, i);
     if (!lua_isstring(L, -1))
-      return luaL_error(L, "invalid value (at index %I) in table for 'concat'", (LUAI_UACINT)i);
+      return luaL_error(L, "invalid value (%s) at index %I in table for 'concat'",
+                        luaL_typename(L, -1), (LUAI_UACINT)i);
     lua_tolstring(L, -1, &len);
     total += len + (i < last ? lsep : 0);
     if (total > SANDBOX_MAX_STRING)

@@ -330,7 +330,7 @@ static int l_require_stub(lua_State *L)
   return 1;
 }
 
-static void pattern_functions_give_luas_own_answers(void)
+static void replaced_library_functions_give_luas_own_answers(void)
 {
   /* Lua's matcher: a plain state with the standard libraries. */
   lua_State *L = luaL_newstate();
@@ -404,7 +404,7 @@ int main(int argc, char **argv)
       lua_code_called_from_c_is_reached_by_the_hook },
     { "finalizers_cannot_be_set", finalizers_cannot_be_set },
     { "hostile_c_loop_repros_end_within_the_timeout", hostile_c_loop_repros_end_within_the_timeout },
-    { "pattern_functions_give_luas_own_answers", pattern_functions_give_luas_own_answers },
+    { "replaced_library_functions_give_luas_own_answers", replaced_library_functions_give_luas_own_answers },
     { NULL, NULL },
   };
   return check_main(cases, argc, argv);
