@@ -377,8 +377,8 @@ case_exhausted_retries_are_reported_dead() {
 
 # --------------------------------------------------------------------- sandbox
 # No process control in the script's reach: os.exit/os.execute/io.popen/package.loadlib,
-# C modules, bytecode (load, require of a binary chunk, string.dump) all fail; the worker
-# goes on. `leash check` of a script that calls os.exit while loading exits 1 with file:line.
+# C modules, bytecode (load, require of a binary chunk, string.dump) all fail; libraries and
+# leash are read-only, globals are on the allow-list and each task's own; the worker goes on. `leash check` of a script that calls os.exit while loading exits 1 with file:line.
 case_sandbox_has_no_process_control() {
   api_setup
   local dir=$T_TMP/sandbox
