@@ -194,7 +194,8 @@ void sandbox_bind_chunk(lua_State *L, int idx)
 {
   idx = lua_absindex(L, idx);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &cur_key);
-  lua_setupvalue(L, idx, 1);                       /* a main chunk's only upvalue: _ENV */
+  if (!lua_setupvalue(L, idx, 1))                  /* a main chunk's only upvalue: _ENV */
+    lua_pop(L, 1);
   if (frozen(L))
     return;                                        /* a task's module: lives for the task */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &chunks_key);
@@ -291,7 +292,8 @@ static void task_env(lua_State *L)
   for (lua_Integer i = 1; i <= n; i++) {
     lua_rawgeti(L, -1, i);
     lua_pushvalue(L, t);
-    lua_setupvalue(L, -2, 1);
+    if (!lua_setupvalue(L, -2, 1))
+      lua_pop(L, 1);
     lua_pop(L, 1);
   }
   lua_settop(L, top);
