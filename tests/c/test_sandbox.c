@@ -276,7 +276,8 @@ static void lua_code_called_from_c_is_reached_by_the_hook(void)
 {
   static const struct loop_case cases[] = {
     { "gsub_looping_function", NULL }, { "tostring_looping", NULL },
-    { "coroutine_loop", NULL }, { "index_loop_from_c", NULL }, { NULL, NULL },
+    { "coroutine_loop", NULL }, { "index_loop_from_c", NULL }, { "close_looping", NULL },
+    { "close_looping_while_unwinding", NULL }, { NULL, NULL },
   };
   run_loops(cases);
 }
@@ -312,6 +313,21 @@ static void hostile_c_loop_repros_end_within_the_timeout(void)
     task_free(t);
     script_free(s);
   }
+}
+
+/* A load (a new version's chunk or setup) that runs one C call too long is refused like a
+   broken script, by the load deadline (5 s), so a hot swap cannot wedge on it. */
+static void c_level_loop_while_loading_is_refused_like_a_broken_script(void)
+{
+  static const char text[] = "string.find(('a'):rep(40), ('a*'):rep(40) .. 'b')\n"
+                             "return function() end\n";
+  struct script_host h = host(0.5, 256u << 20);
+  char err[512];
+  double t0 = task_now();
+  struct script *s = script_load_text("wedge.lua", text, sizeof text - 1, &h, err, sizeof err);
+  CHECK(s == NULL);
+  CHECK(strstr(err, "took too long to load"));
+  CHECK(task_now() - t0 < (under_valgrind() ? 15.0 : 6.5));
 }
 
 /* =================================================== the matcher keeps Lua's semantics */
@@ -404,6 +420,8 @@ int main(int argc, char **argv)
       lua_code_called_from_c_is_reached_by_the_hook },
     { "finalizers_cannot_be_set", finalizers_cannot_be_set },
     { "hostile_c_loop_repros_end_within_the_timeout", hostile_c_loop_repros_end_within_the_timeout },
+    { "c_level_loop_while_loading_is_refused_like_a_broken_script",
+      c_level_loop_while_loading_is_refused_like_a_broken_script },
     { "replaced_library_functions_give_luas_own_answers", replaced_library_functions_give_luas_own_answers },
     { NULL, NULL },
   };
