@@ -840,6 +840,10 @@ static int l_json_array(lua_State *L)
   } else {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
+    /* lua_setmetatable ignores __metatable: without this, json.array(string) would turn
+       the sandbox's read-only proxy of a library into a plain table (sandbox.c). */
+    if (luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL)
+      return luaL_argerror(L, 1, "a table with a protected metatable");
   }
   push_array_mt(L);
   lua_setmetatable(L, 1);

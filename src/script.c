@@ -5,9 +5,9 @@
 #include "json_lua.h"
 #include "lifecycle.h"
 #include "log.h"
+#include "sandbox.h"
 
 #include <lauxlib.h>
-#include <lualib.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,9 +39,6 @@ static int tostring_protected(lua_State *L);
 static int ref_protected(lua_State *L);
 static void deadline_hook(lua_State *L, lua_Debug *ar);
 static int load_protected(lua_State *L);
-static void build_env(lua_State *L);
-static int l_require(lua_State *L);
-static int l_print(lua_State *L);
 static int l_task_lease_lost(lua_State *L);
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 struct run_ctx;
@@ -49,10 +46,6 @@ static void push_task(lua_State *L, struct run_ctx *c);
 static void read_outcome(lua_State *L, struct outcome *o, int v, int nret);
 static int run_protected(lua_State *L);
 static size_t payload_lua_bytes(const char *text, size_t len);
-
-/* Registry keys by address (no string keys that could collide). */
-static const char env_key = 'E';
-static const char modules_key = 'M';
 
 struct script *script_load(const char *path, const struct script_host *host, char *err,
                            size_t errlen)
@@ -160,6 +153,11 @@ int script_broken(const struct script *s)
 struct script *script_of(lua_State *L)
 {
   return *(struct script **)lua_getextraspace(L);
+}
+
+const char *script_dir(const struct script *s)
+{
+  return s->dir;
 }
 
 const struct script_host *script_host_of(const struct script *s)
@@ -486,199 +484,38 @@ static int l_task_lease_lost(lua_State *L)
 }
 
 /* Runs inside lua_pcall: builds the environment, loads and runs the chunk, checks the
-   contract, runs setup. Arguments: text (light userdata), length, path. Returns handle. */
+   contract, runs setup, freezes the load-time globals. Arguments: text (light userdata),
+   length, path. Returns the per-task entry around handle (sandbox.h). */
 static int load_protected(lua_State *L)
 {
   const char *text = lua_touserdata(L, 1);
   size_t len = (size_t)lua_tointeger(L, 2);
   const char *path = lua_tostring(L, 3);
-  luaL_requiref(L, LUA_GNAME, luaopen_base, 1);
-  luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
-  luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
-  luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
-  luaL_requiref(L, LUA_UTF8LIBNAME, luaopen_utf8, 1);
-  luaL_requiref(L, LUA_COLIBNAME, luaopen_coroutine, 1);
-  luaL_requiref(L, LUA_OSLIBNAME, luaopen_os, 1);
-  lua_settop(L, 3);
-  build_env(L);
+  sandbox_open(L);
 
   lua_pushfstring(L, "@%s", path);
   if (luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t") != LUA_OK)
     return lua_error(L);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &env_key);
-  lua_setupvalue(L, -2, 1);        /* the chunk's _ENV */
+  sandbox_bind_chunk(L, -1);       /* the chunk's _ENV: the load-time globals */
   lua_call(L, 0, 1);
-  if (lua_isfunction(L, -1))
-    return 1;
-  if (!lua_istable(L, -1))
-    return luaL_error(L, "%s: the script must return handle(task) or { handle = ..., setup = ... },"
-                      " not a %s", path, luaL_typename(L, -1));
-  int mod = lua_gettop(L);
-  if (lua_getfield(L, mod, "setup") != LUA_TNIL) {
-    if (!lua_isfunction(L, -1))
-      return luaL_error(L, "%s: setup must be a function", path);
-    lua_call(L, 0, 0);
-  } else {
-    lua_pop(L, 1);
-  }
-  if (lua_getfield(L, mod, "handle") != LUA_TFUNCTION)
-    return luaL_error(L, "%s: the returned table has no handle function", path);
-  return 1;
-}
-
-/* [-0, +0, m] The environment scripts see, built from what is allowed (never by deleting
-   from the full one), stored in the registry. */
-static void build_env(lua_State *L)
-{
-  static const char *const base_names[] = {
-    "assert", "error", "ipairs", "next", "pairs", "pcall", "rawequal", "rawget", "rawlen",
-    "select", "setmetatable", "getmetatable", "tonumber", "tostring", "type", "xpcall",
-    "_VERSION", NULL,
-  };
-  static const char *const libs[] = { "string", "table", "math", "utf8", "coroutine", NULL };
-  static const char *const os_names[] = { "time", "clock", "date", "difftime", NULL };
-
-  lua_newtable(L);                                  /* env */
-  int env = lua_gettop(L);
-  for (const char *const *n = base_names; *n; n++) {
-    lua_getglobal(L, *n);
-    lua_setfield(L, env, *n);
-  }
-  /* Fresh copies of library tables: a script changing string.x changes only its copy. */
-  for (const char *const *lib = libs; *lib; lib++) {
-    lua_getglobal(L, *lib);
-    lua_newtable(L);
-    lua_pushnil(L);
-    while (lua_next(L, -3)) {
-      lua_pushvalue(L, -2);
-      lua_insert(L, -2);
-      lua_settable(L, -4);
-    }
-    lua_setfield(L, env, *lib);
-    lua_pop(L, 1);
-  }
-  /* string.dump makes bytecode; nothing here loads it, but it has no use in a task either.
-     Gone from the copy and from the real table, which ("").dump reaches through the shared
-     string metatable. */
-  lua_getfield(L, env, "string");
-  lua_pushnil(L);
-  lua_setfield(L, -2, "dump");
-  lua_pop(L, 1);
-  lua_getglobal(L, "string");
-  lua_pushnil(L);
-  lua_setfield(L, -2, "dump");
-  lua_pop(L, 1);
-  lua_getglobal(L, "os");
-  lua_newtable(L);
-  for (const char *const *n = os_names; *n; n++) {
-    lua_getfield(L, -2, *n);
-    lua_setfield(L, -2, *n);
-  }
-  lua_setfield(L, env, "os");
-  lua_pop(L, 1);
-  lua_pushcfunction(L, l_print);
-  lua_setfield(L, env, "print");
-  lua_pushcfunction(L, l_require);
-  lua_setfield(L, env, "require");
-  lua_pushvalue(L, env);
-  lua_setfield(L, env, "_G");
-
-  /* All strings share one metatable whose __index is the real string table; lock it. */
-  lua_pushliteral(L, "");
-  if (lua_getmetatable(L, -1)) {
-    lua_pushliteral(L, "string");
-    lua_setfield(L, -2, "__metatable");
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-
-  lua_newtable(L);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &modules_key);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &env_key);      /* pops env */
-}
-
-/* require "leash" gives the host API; require "x.y" loads x/y.lua from the script's folder
-   as text in the same sandbox, once per state. */
-static int l_require(lua_State *L)
-{
-  const char *name = luaL_checkstring(L, 1);
-  struct script *s = script_of(L);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &modules_key);
-  int cache = lua_gettop(L);
-  if (lua_getfield(L, cache, name) != LUA_TNIL)
-    return 1;
-  lua_pop(L, 1);
-  if (strcmp(name, "leash") == 0) {
-    api_leash_open(L);
-  } else {
-    if (strstr(name, "..") || name[0] == '/' || name[0] == '.')
-      return luaL_error(L, "require: bad module name '%s'", name);
-    char err[512] = "", *text = NULL;
-    const char *path = NULL;
-    size_t len;
-    /* The script's folder first, then each --lua-path folder. */
-    for (int i = -1; i < s->host->nlua_path && !text; i++) {
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      luaL_addstring(&b, i < 0 ? s->dir : s->host->lua_path[i]);
-      luaL_addchar(&b, '/');
-      for (const char *p = name; *p; p++)
-        luaL_addchar(&b, *p == '.' ? '/' : *p);
-      luaL_addstring(&b, ".lua");
-      luaL_pushresult(&b);
-      path = lua_tostring(L, -1);
-      text = read_file(path, &len, err, sizeof err);
-      if (!text)
-        lua_pop(L, 1);
-    }
-    if (!text)
-      return luaL_error(L, "require: module '%s' not found in the script's folder%s",
-                        name, s->host->nlua_path ? " or --lua-path" : "");
-    lua_pushfstring(L, "@%s", path);
-    int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
-    free(text);
-    if (rc != LUA_OK)
-      return lua_error(L);
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &env_key);
-    lua_setupvalue(L, -2, 1);
-    lua_pushstring(L, name);
-    lua_call(L, 1, 1);
-    if (lua_isnil(L, -1)) {
+  if (!lua_isfunction(L, -1)) {
+    if (!lua_istable(L, -1))
+      return luaL_error(L, "%s: the script must return handle(task) or { handle = ..., "
+                        "setup = ... }, not a %s", path, luaL_typename(L, -1));
+    int mod = lua_gettop(L);
+    if (lua_getfield(L, mod, "setup") != LUA_TNIL) {
+      if (!lua_isfunction(L, -1))
+        return luaL_error(L, "%s: setup must be a function", path);
+      lua_call(L, 0, 0);
+    } else {
       lua_pop(L, 1);
-      lua_pushboolean(L, 1);
     }
+    if (lua_getfield(L, mod, "handle") != LUA_TFUNCTION)
+      return luaL_error(L, "%s: the returned table has no handle function", path);
   }
-  lua_pushvalue(L, -1);
-  lua_setfield(L, cache, name);
+  sandbox_freeze(L);
+  sandbox_wrap_handle(L);
   return 1;
-}
-
-/* print goes to the host's log, tagged like leash.log.info. */
-static int l_print(lua_State *L)
-{
-  int n = lua_gettop(L);
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  for (int i = 1; i <= n; i++) {
-    luaL_tolstring(L, i, NULL);
-    luaL_addvalue(&b);
-    if (i < n)
-      luaL_addchar(&b, '\t');
-  }
-  luaL_pushresult(&b);
-  struct script *s = script_of(L);
-  char id[32] = "", attempt[16] = "";
-  const struct task *t = s->current;
-  if (t) {
-    snprintf(id, sizeof id, "%lld", (long long)t->id);
-    snprintf(attempt, sizeof attempt, "%d", t->attempt);
-  }
-  struct log_field f[] = {
-    { "task_id", t ? id : NULL }, { "tenant", t ? t->tenant_id : NULL },
-    { "attempt", t ? attempt : NULL }, { "worker", s->host->worker_id }, { NULL, NULL },
-  };
-  log_fields(LOG_INFO, f, "%s", lua_tostring(L, -1));
-  return 0;
 }
 
 /* Protected body of the handle's registry reference: arg 1 is handle; returns the ref. */
@@ -728,6 +565,13 @@ static int msg_handler(lua_State *L)
 static void deadline_hook(lua_State *L, lua_Debug *ar)
 {
   (void)ar;
+  script_check_deadline(L);
+}
+
+/* The hook's check, also called by the sandbox's library loops (sandbox.c), which run in
+   C where the hook never fires. */
+void script_check_deadline(lua_State *L)
+{
   struct script *s = script_of(L);
   const char *why = NULL;
   enum outcome_cause cause = CAUSE_TIMEOUT;

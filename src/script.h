@@ -1,6 +1,6 @@
 /*
- * script: one slot's Lua state. Loads the task script in a sandbox built from what is
- * allowed (no os.exit/execute, io, package.loadlib, C modules, debug, bytecode), with a
+ * script: one slot's Lua state. Loads the task script in the sandbox (sandbox.h: what is
+ * allowed, fresh globals per task, bounded library loops), with a
  * memory cap through the allocator, then calls handle(task) under a count hook that stops
  * a task past its --task-timeout or once its lease is lost, and turns what handle gave back
  * into the task's outcome (SPEC.md, "The Lua contract"). One thread uses a state; nothing
@@ -69,6 +69,11 @@ struct task *script_task(const struct script *s);
 /* Raises a Lua error when no task runs or its lease is gone ("lease lost: ..."): calls
    with side effects check this first. */
 void script_check_live(lua_State *L, const char *what);
+/* The folder of the script's file (require looks there first). */
+const char *script_dir(const struct script *s);
+/* Raises the task's stop (timeout, lease lost, worker stopping) when it is due, as the
+   count hook does; for C loops the hook cannot reach. */
+void script_check_deadline(lua_State *L);
 /* Seconds left before the task's deadline (a large number when there is none). */
 double script_time_left(const struct script *s);
 

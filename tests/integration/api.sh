@@ -377,8 +377,8 @@ case_exhausted_retries_are_reported_dead() {
 
 # --------------------------------------------------------------------- sandbox
 # No process control in the script's reach: os.exit/os.execute/io.popen/package.loadlib,
-# C modules, bytecode (load, require of a binary chunk, string.dump) all fail; the worker
-# goes on. `leash check` of a script that calls os.exit while loading exits 1 with file:line.
+# C modules, bytecode (load, require of a binary chunk, string.dump) all fail; libraries and
+# leash are read-only, globals are on the allow-list and each task's own; the worker goes on. `leash check` of a script that calls os.exit while loading exits 1 with file:line.
 case_sandbox_has_no_process_control() {
   api_setup
   local dir=$T_TMP/sandbox
@@ -392,11 +392,49 @@ case_sandbox_has_no_process_control() {
   expect_exit 1 "$LEASH" run "$API/exit_at_load.lua" --until-empty
   assert_contains "leash run of a script calling os.exit" "$(<"$T_ERR")" "exit_at_load.lua:3:"
 
-  local id
-  id=$(enqueue_one '{}')
+  # Three tasks in one slot: the fixture checks that no global of an earlier task is seen.
+  local ids=() i
+  for i in 1 2 3; do ids+=("$(enqueue_one "{\"i\":$i}")"); done
   start_worker A "$dir/sandbox.lua" --concurrency 1 --poll-ms 20-50 --until-empty
   assert_worker_exit A 30 0
-  expect_done "$id"
+  for i in "${ids[@]}"; do expect_done "$i"; done
+  assert_no_sanitizer_reports
+}
+
+# One C call cannot hold a slot past --task-timeout (issue #12): the three shared
+# reproductions (a finalizer, table.move, pattern backtracking) and more of the same class
+# from tests/fixtures/sandbox/loops.lua, through the real binary. Each ends as a retry with
+# cause timeout or a refusal, within the timeout plus a second, and the worker exits.
+case_c_level_loops_end_within_the_task_timeout() {
+  api_setup
+  local SBX=$LEASH_SRC/tests/fixtures/sandbox f id kind
+  declare -A want=()
+  for f in gc_loop tmove pattern; do
+    id=$(enqueue_one '{}' --max-attempts 1)
+    start_worker "$f" "$SBX/$f.lua" --concurrency 1 --task-timeout 1 --poll-ms 20-50 --until-empty
+    assert_worker_exit "$f" 30 0
+    assert_eq "$f.lua (status)" "$(row "$id" status)" "dead"
+    case $f in
+      gc_loop) assert_contains "$f.lua's last_error" "$(row "$id" last_error)" "__gc is not allowed" ;;
+      *) assert_contains "$f.lua's last_error" "$(row "$id" last_error)" "timed out" ;;
+    esac
+  done
+  for kind in tmove tinsert_huge_len find_backtracking gsub_backtracking find_balance \
+              coroutine_loop tsort_looping_comparator srep_huge; do
+    want[$(enqueue_one "{\"kind\":\"$kind\"}" --max-attempts 1)]=$kind
+  done
+  local t0=$SECONDS
+  start_worker L "$SBX/loops.lua" --concurrency 4 --task-timeout 1 --poll-ms 20-50 --until-empty
+  assert_worker_exit L 60 0
+  # 8 tasks on 4 slots, each at most 1 s + grace: far less than one task's worth of hang.
+  ((SECONDS - t0 <= 8)) || fail "loops.lua took $((SECONDS - t0)) s for 8 bounded tasks"
+  for id in "${!want[@]}"; do
+    assert_eq "${want[$id]} (status)" "$(row "$id" status)" "dead"
+    case ${want[$id]} in
+      srep_huge) assert_contains "${want[$id]}'s last_error" "$(row "$id" last_error)" "over 64 MB" ;;
+      *) assert_contains "${want[$id]}'s last_error" "$(row "$id" last_error)" "timed out" ;;
+    esac
+  done
   assert_no_sanitizer_reports
 }
 

@@ -195,6 +195,25 @@ describe("leash.testing loading", function()
     assert.same({ seen = {}, time = "number" }, h:run({}).result)
   end)
 
+  it("starts each run with fresh globals and read-only libraries, as the host's tasks", function()
+    local h = testing.load_string([[
+      local leash = require "leash"
+      CONFIG = 1
+      local kept = 0
+      return function()
+        local seen = { secret = SECRET, config = CONFIG, kept = kept }
+        SECRET, CONFIG, kept = "set", nil, kept + 1
+        seen.upper = select(2, pcall(function() string.upper = nil end))
+        seen.leash = select(2, pcall(function() leash.x = 1 end))
+        return leash.ok(seen)
+      end]])
+    local first, second = h:run({}).result, h:run({}).result
+    assert.same({ nil, 1, 0 }, { first.secret, first.config, first.kept })
+    assert.same({ nil, 1, 1 }, { second.secret, second.config, second.kept })
+    assert.truthy(second.upper:find("string is read-only", 1, true))
+    assert.truthy(second.leash:find("leash is read-only", 1, true))
+  end)
+
   it("sends print to the log", function()
     local h = script("print('hello', 42)")
     h:run({})

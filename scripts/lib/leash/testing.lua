@@ -14,6 +14,9 @@
 --- What the harness mirrors from the host:
 ---   * the sandbox: the script and what it requires see only the globals the host allows
 ---     (no io, debug, package, load, dofile, rawset, collectgarbage, os.exit…); print logs;
+---     libraries and the leash module are read-only to the script (a spec may still change
+---     h.leash); setmetatable refuses __gc; each h:run starts with fresh globals, a copy
+---     of those loading left (chunk-level locals are what persists);
 ---   * require "x.y" loads x/y.lua from the script's folder, then each opts.lua_path folder,
 ---     once per harness (like once per slot);
 ---   * outcomes: nothing/nil/true/leash.ok → done (the result must encode as JSON, within
@@ -362,16 +365,37 @@ local BASE = { "assert", "error", "ipairs", "next", "pairs", "pcall", "rawequal"
                "type", "xpcall", "_VERSION" }
 local LIBS = { "string", "table", "math", "utf8", "coroutine" }
 
+-- A read-only view of t (the host serves libraries and the leash module this way): reads go
+-- through to t, so a spec may still change h.leash; the script's assignments raise.
+local function readonly(t, name)
+  return setmetatable({}, {
+    __index = t,
+    __newindex = function(_, k)
+      error("cannot set " .. name .. "." .. tostring(k) .. ": " .. name .. " is read-only in the sandbox", 2)
+    end,
+    __pairs = function() return function(_, k) return next(t, k) end, nil, nil end,
+    __metatable = "read-only",
+  })
+end
+
 local function new_env(h)
   local env = {}
   for _, n in ipairs(BASE) do env[n] = _G[n] end
   for _, lib in ipairs(LIBS) do
     local copy = {}
     for k, v in pairs(_G[lib]) do copy[k] = v end
-    env[lib] = copy
+    if lib == "string" then copy.dump = nil end
+    if lib == "math" then copy.randomseed = nil end
+    env[lib] = readonly(copy, lib)
   end
-  env.string.dump = nil
-  env.os = { time = os.time, clock = os.clock, date = os.date, difftime = os.difftime }
+  env.os = readonly({ time = os.time, clock = os.clock, date = os.date, difftime = os.difftime }, "os")
+  env.setmetatable = function(t, mt)
+    if type(mt) == "table" and rawget(mt, "__gc") ~= nil then
+      error("setmetatable: __gc is not allowed in the sandbox (a finalizer would run outside "
+            .. "the task's time limit)", 2)
+    end
+    return setmetatable(t, mt)
+  end
   env.print = function(...)
     local parts = table.pack(...)
     for i = 1, parts.n do parts[i] = tostring(parts[i]) end
@@ -379,13 +403,17 @@ local function new_env(h)
   end
   env._G = env
   local modules = {}
+  h.chunks = {}              -- main chunks loaded at load time: each run gets fresh globals
   env.require = function(name)
     if type(name) ~= "string" then error("bad argument #1 to 'require' (string expected)", 2) end
-    if modules[name] ~= nil then return modules[name] end
     if name == "leash" then
-      modules[name] = h.leash
-      return h.leash
+      modules[name] = modules[name] or readonly(h.leash, "leash")
+      return modules[name]
     end
+    -- A module first required during a run lives for that run only, as in the host.
+    local cache = h.task and h.task_modules or modules
+    if modules[name] ~= nil then return modules[name] end
+    if cache[name] ~= nil then return cache[name] end
     if name:find("..", 1, true) or name:find("^[/.]") then
       error("require: bad module name '" .. name .. "'", 2)
     end
@@ -395,10 +423,11 @@ local function new_env(h)
       local f = io.open(file, "r")
       if f then
         f:close()
-        local chunk = assert(loadfile(file, "t", env))
+        local chunk = assert(loadfile(file, "t", h.task and h.task_env or env))
+        if not h.task then h.chunks[#h.chunks + 1] = chunk end
         local m = chunk(name)
         if m == nil then m = true end
-        modules[name] = m
+        cache[name] = m
         return m
       end
     end
@@ -406,6 +435,16 @@ local function new_env(h)
           .. (#h.search > 1 and " or --lua-path" or ""), 2)
   end
   return env
+end
+
+-- Fresh globals for a run, as the host gives each task: a shallow copy of the globals as
+-- loading left them (_G names the copy), installed as _ENV of every load-time chunk.
+local function task_env(h)
+  local t = {}
+  for k, v in pairs(h.template) do t[k] = rawequal(v, h.env) and t or v end
+  setmetatable(t, h.env_mt)
+  for _, chunk in ipairs(h.chunks) do debug.setupvalue(chunk, 1, t) end
+  return t
 end
 
 -- ------------------------------------------------------------------ outcomes
@@ -511,6 +550,13 @@ local function install(h, mod, path)
   h.handle = mod.handle
 end
 
+-- Loading is over: what it left in the globals is the template of every run's globals.
+local function freeze(h)
+  h.template = {}
+  for k, v in pairs(h.env) do h.template[k] = v end
+  h.env_mt = getmetatable(h.env)
+end
+
 local function new_harness(dir, opts)
   opts = opts or {}
   local h = { logs = {}, clock = opts.clock or 1700000000, slept = 0, lease_lost = false,
@@ -532,6 +578,8 @@ local function new_harness(dir, opts)
       max_attempts = t.max_attempts or 8, worker_id = t.worker_id or "test", batch = t.batch,
     }
     function task.lease_lost() return h.lease_lost == true end
+    self.task_env = task_env(self)
+    self.task_modules = {}
     self.task = task
     self.runs = self.runs + 1
     local out = outcome(table.pack(xpcall(self.handle, message_handler, task)), opts.max_result_bytes)
@@ -575,7 +623,9 @@ function testing.load(path, opts)
   local h = new_harness(path:match("^(.*)/[^/]*$") or ".", opts)
   local chunk, err = loadfile(path, "t", h.env)
   if not chunk then error(err, 0) end
+  table.insert(h.chunks, 1, chunk)
   install(h, chunk(), path)
+  freeze(h)
   return h
 end
 
@@ -587,7 +637,9 @@ function testing.load_string(src, opts)
   local name = opts.name or "=(script)"
   local chunk, err = load(src, name, "t", h.env)
   if not chunk then error(err, 0) end
+  table.insert(h.chunks, 1, chunk)
   install(h, chunk(), name)
+  freeze(h)
   return h
 end
 
