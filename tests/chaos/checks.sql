@@ -43,7 +43,8 @@ SELECT DISTINCT n, p.via FROM produced p, generate_series(p.lo, p.hi) n
 
 CREATE TEMP TABLE q AS
 SELECT id, (payload->>'n')::int AS n, payload->>'via' AS via, status, attempts, max_attempts,
-       lease_owner, result, last_error, tenant_id, shard_key, (payload->>'fatal')::boolean AS fatal
+       lease_owner, result, last_error, tenant_id, shard_key, (payload->>'fatal')::boolean AS fatal,
+       payload->>'hostile' AS hostile, last_cause, crashes, max_crashes
   FROM agent_work_queue;
 
 -- Every lease: its claim and how it ended (settle, reap or release), from lease_log.
@@ -123,8 +124,11 @@ SELECT pg_temp.fig('done', count(*) FILTER (WHERE status = 'done')) FROM q;
 SELECT pg_temp.fig('dead', count(*) FILTER (WHERE status = 'dead')) FROM q;
 SELECT pg_temp.fig('  dead on purpose (fatal payload)',
                    count(*) FILTER (WHERE status = 'dead' AND fatal)) FROM q;
+SELECT pg_temp.fig('  dead quarantined (poison tasks, below)',
+                   count(*) FILTER (WHERE status = 'dead' AND last_cause = 'quarantined')) FROM q;
 SELECT pg_temp.fig('  dead with attempts exhausted',
-                   count(*) FILTER (WHERE status = 'dead' AND NOT coalesce(fatal, false))) FROM q;
+                   count(*) FILTER (WHERE status = 'dead' AND NOT coalesce(fatal, false)
+                                      AND last_cause IS DISTINCT FROM 'quarantined')) FROM q;
 SELECT pg_temp.fig('pending or leased left (must be 0)',
                    count(*) FILTER (WHERE status IN ('pending', 'leased')),
                    count(*) FILTER (WHERE status IN ('pending', 'leased')) = 0) FROM q;
@@ -240,7 +244,9 @@ SELECT pg_temp.fig('dead rows whose reason is not from the row''s last lease (mu
    AND strpos(coalesce(last_error, ''), format('[attempt=%s worker=%s]', attempts, lease_owner)) = 0
    AND last_error IS DISTINCT FROM format('lease expired (worker %s)', lease_owner)
    -- 010: a reaped lease is a crash; the one that reaches max_crashes quarantines the task.
-   AND strpos(coalesce(last_error, ''), format('the lease of worker %s expired', lease_owner)) = 0;
+   AND strpos(coalesce(last_error, ''), format('the lease of worker %s expired', lease_owner)) = 0
+   -- the watchdog's settle of a wedged slot (a crash too): its own words, no tag.
+   AND NOT (last_cause IN ('wedged', 'quarantined') AND last_error LIKE '%wedged%');
 SELECT pg_temp.fig('late outcomes rejected by the fence (worker logs)', count(*))
   FROM wlog WHERE msg LIKE 'late outcome rejected%';
 SELECT pg_temp.fig('outcomes discarded after a lost lease (worker logs)', count(*))
@@ -300,9 +306,23 @@ SELECT pg_temp.fig('worker incarnations', count(*)) FROM incarnations;
 INSERT INTO fig (name, value)
 SELECT '  ended by: ' || coalesce(how, '?') || coalesce(' (exit ' || rc || ')', ''), count(*)::text
   FROM incarnations GROUP BY how, rc ORDER BY how, rc;
+-- A worker whose watchdog found a slot wedged exits 3 by design; only a wedge poison task may
+-- wedge a slot (below), so any other exit by itself is a failure.
+CREATE TEMP TABLE watchdog_exits AS
+SELECT i.worker, w.task_id, q.hostile
+  FROM incarnations i
+  LEFT JOIN LATERAL (SELECT task_id FROM wlog w WHERE w.worker = i.worker
+                        AND w.msg LIKE 'watchdog: slot % is wedged%' ORDER BY ts LIMIT 1) w ON true
+  LEFT JOIN q ON q.id = w.task_id
+ WHERE i.how = 'exited by itself' AND i.rc = 3;
+SELECT pg_temp.fig('workers restarted by their watchdog (exit 3)', count(*)) FROM watchdog_exits;
+SELECT pg_temp.fig('  whose wedged task was not a wedge poison task (must be 0)', count(*),
+                   count(*) = 0)
+  FROM watchdog_exits WHERE hostile IS DISTINCT FROM 'wedge';
 SELECT pg_temp.fig('workers that exited by themselves or not with 0 on SIGTERM (must be 0)',
                    count(*), count(*) = 0)
-  FROM incarnations WHERE how = 'exited by itself' OR (how LIKE 'SIGTERM%' AND rc IS DISTINCT FROM 0);
+  FROM incarnations WHERE (how = 'exited by itself' AND rc IS DISTINCT FROM 3)
+                       OR (how LIKE 'SIGTERM%' AND rc IS DISTINCT FROM 0);
 SELECT pg_temp.fig('sanitizer reports or non-JSON lines in worker logs (must be 0)', count(*),
                    count(*) = 0) FROM wlog WHERE level IS NULL;
 SELECT pg_temp.fig('hot swaps loaded (log lines, all workers)', count(*))
@@ -329,6 +349,44 @@ SELECT '  log ' || level || ': ' || m, c::text FROM (
   SELECT level, regexp_replace(left(msg, 90), '[0-9]+', '#', 'g') m, count(*) c
     FROM wlog WHERE level IN ('warn', 'error')
    GROUP BY 1, 2 ORDER BY count(*) DESC LIMIT 15) s;
+
+-- ------------------------------------------------------------------ hostile work
+SELECT pg_temp.head('hostile work (payload.hostile, tests/chaos/task.lua)');
+SELECT pg_temp.fig('poison tasks (kill / wedge)',
+                   format('%s / %s', count(*) FILTER (WHERE hostile = 'kill'),
+                          count(*) FILTER (WHERE hostile = 'wedge')))
+  FROM q WHERE hostile IN ('kill', 'wedge');
+SELECT pg_temp.fig('poison tasks not dead as quarantined (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE hostile IN ('kill', 'wedge')
+   AND (status <> 'dead' OR last_cause IS DISTINCT FROM 'quarantined');
+SELECT pg_temp.fig('poison tasks that took down more than max_crashes processes (must be 0)',
+                   count(*), count(*) = 0)
+  FROM (SELECT q.id, q.max_crashes,
+               (SELECT count(*) FROM events e WHERE e.kind = 'kill9'
+                   AND e.detail = 'poison task ' || q.id)
+               + (SELECT count(*) FROM watchdog_exits x WHERE x.task_id = q.id) AS downs
+          FROM q WHERE hostile IN ('kill', 'wedge')) s
+ WHERE downs > max_crashes;
+SELECT pg_temp.fig('processes taken down by poison tasks (kill -9 / watchdog)',
+                   format('%s / %s', (SELECT count(*) FROM events WHERE kind = 'kill9'
+                                         AND detail LIKE 'poison task %'),
+                          (SELECT count(*) FROM watchdog_exits WHERE hostile = 'wedge')));
+SELECT pg_temp.fig('tasks that misbehaved on their first attempt', count(*))
+  FROM q WHERE hostile IS NOT NULL AND hostile NOT IN ('kill', 'wedge');
+INSERT INTO fig (name, value)
+SELECT '  ' || hostile || ': done / all', format('%s / %s', count(*) FILTER (WHERE status = 'done'), count(*))
+  FROM q WHERE hostile IS NOT NULL AND hostile NOT IN ('kill', 'wedge') GROUP BY hostile ORDER BY hostile;
+SELECT pg_temp.fig('  of which not done in the end (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE hostile IS NOT NULL AND hostile NOT IN ('kill', 'wedge') AND status <> 'done';
+SELECT pg_temp.fig('tasks that saw state leaked from an earlier task (must be 0)', count(*),
+                   count(*) = 0)
+  FROM q WHERE last_error LIKE 'state leaked across tasks%';
+SELECT pg_temp.fig('innocent tasks quarantined (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE last_cause = 'quarantined' AND hostile IS DISTINCT FROM 'kill'
+   AND hostile IS DISTINCT FROM 'wedge';
+SELECT pg_temp.fig('forged log lines: JSON lines with msg "forged line" (must be 0)', count(*),
+                   count(*) = 0)
+  FROM wlog WHERE msg = 'forged line';
 
 -- ------------------------------------------------------------------ print
 \o

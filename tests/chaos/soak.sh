@@ -7,10 +7,20 @@
 #
 #   tests/chaos/soak.sh [--duration S] [--tasks N] [--procs P] [--slots M] [--seed X] [--keep]
 #                       [--workdir DIR] [--visibility S] [--heartbeat S] [--drain-max S]
+#                       [--poison N] [--hostile PERMILLE]
 #
 # Defaults: 60 s, 3,000 tasks, 3 × 4, seed 1. The chaos lasts --duration; the producer
 # enqueues everything during its first 80 %; afterwards the workers drain what is left (at
 # most --drain-max, default 300 s) and are stopped with SIGTERM.
+#
+# The hostile mix (tests/chaos/task.lua): --poison N tasks (default one per 1,500, at least 2)
+# kill every worker that runs them, half by the driver's kill -9 as soon as one is leased,
+# half by wedging their slot in C until the watchdog restarts the worker; each must end
+# quarantined after at most max_crashes (3) crashes. --hostile PERMILLE (default 10) of the
+# other tasks misbehave on their first attempt (a raising __tostring, a memory bomb, loops,
+# a backtracking pattern, nil-msg, CR/LF in logs, yields, __gc, a huge result, leaked
+# globals) and must be done in the end. Other tasks carry max_crashes 100: the chaos's own
+# kills are crashes too, and must not quarantine an innocent task.
 #
 # Everything is its own: a throwaway cluster (scripts/pg.sh), the mock LLM
 # (scripts/mock_llm.py: 5 % 429, 5 % 500, latency 0-100 ms against a 100 ms client timeout),
@@ -25,10 +35,11 @@ LEASH=${LEASH_BIN:-$SRC/build/leash}
 PGSH=$SRC/scripts/pg.sh
 
 DURATION=60 TASKS=3000 PROCS=3 SLOTS=4 SEED=1 KEEP=0 WORK="" VIS=3 HB=1 DRAIN_MAX=300
+POISON="" HOSTILE=10
 SQL_EVERY=53          # every task n with n % 53 = 0 goes in by plain SQL INSERT
 PG_GAP_MIN=15 PG_GAP_MAX=45   # seconds between two PostgreSQL restarts
 
-usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,30s/^# \{0,1\}//p' "$0"; }
 die() { echo "soak: $*" >&2; RC=2; exit 2; }
 
 while (($#)); do
@@ -43,6 +54,8 @@ while (($#)); do
     --visibility) VIS=${2:?}; shift ;;
     --heartbeat) HB=${2:?}; shift ;;
     --drain-max) DRAIN_MAX=${2:?}; shift ;;
+    --poison) POISON=${2:?}; shift ;;
+    --hostile) HOSTILE=${2:?}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -51,6 +64,11 @@ done
 for v in DURATION TASKS PROCS SLOTS SEED DRAIN_MAX; do
   [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "--${v,,} wants a positive integer"
 done
+((${#POISON})) || POISON=$((TASKS / 1500 > 2 ? TASKS / 1500 : 2))
+for v in POISON HOSTILE; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v,,} wants a whole number"
+done
+((HOSTILE <= 1000)) || die "--hostile is a per mille share (0-1000)"
 [[ -x $LEASH ]] || die "no leash binary at $LEASH (build it, or set LEASH_BIN)"
 command -v python3 >/dev/null || die "python3 is needed for the mock LLM"
 
@@ -164,6 +182,7 @@ start_worker() {
   W_NAME[i]=w$i-gen${W_GEN[i]}
   "$LEASH" --log-format json run "$SCRIPT" --concurrency "$SLOTS" --visibility "$VIS" \
     --heartbeat "$HB" --worker-id "${W_NAME[i]}" --drain-timeout 2 --poll-ms 50-200 \
+    --task-timeout 5 --watchdog-grace 1 --lua-memory 64 \
     >/dev/null 2>"$WORK/logs/${W_NAME[i]}.log" &
   W_PID[i]=$!
   W_STATE[i]=run
@@ -275,25 +294,36 @@ producer() {
     local wait_us=$((start + c * interval_us - $(us)))
     ((wait_us <= 0)) || sleep "$((wait_us / 1000000)).$(printf '%06d' $((wait_us % 1000000)))"
     awk -v lo="$lo" -v hi="$hi" -v seed="$((SEED * 100003 + c))" -v every="$SQL_EVERY" \
-        -v jf="$file" -v sf="$sqlf" '
+        -v jf="$file" -v sf="$sqlf" -v poison_every="$((POISON ? TASKS / POISON : 0))" \
+        -v npoison="$POISON" -v hostile_pm="$HOSTILE" '
       BEGIN {
         srand(seed); nj = 0; ns = 0
         printf "" > jf; printf "" > sf
+        nk = split("tostring_err oom loop pattern nilmsg crlf yield gc bigresult leak", kinds, " ")
         for (n = lo; n <= hi; n++) {
           tenant = (rand() < 0.5) ? "ta" : "tb"
           shard = sprintf("s%02d", int(rand() * 25))
           fatal = (rand() < 0.005) ? "true" : "false"
+          # Poison tasks: evenly spread, kill and wedge in turn, the default max_crashes (3).
+          hostile = ""; crashes = 100
+          if (poison_every > 0 && n % poison_every == int(poison_every / 2) \
+              && int(n / poison_every) < npoison) {
+            hostile = (int(n / poison_every) % 2 == 0) ? "kill" : "wedge"; crashes = 3; fatal = "false"
+          } else if (rand() * 1000 < hostile_pm) {
+            hostile = kinds[1 + int(rand() * nk)]; fatal = "false"
+          }
+          h = hostile == "" ? "" : ", \"hostile\": \"" hostile "\""
           if (n % every == 0) {
-            printf "%s(%s, %s, %s, %s)", (ns++ ? ",\n" : "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, batch) VALUES\n"), \
+            printf "%s(%s, %s, %s, %s, %d)", (ns++ ? ",\n" : "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, batch, max_crashes) VALUES\n"), \
               "\047" tenant "\047", "\047" shard "\047", \
-              "\047{\"n\": " n ", \"via\": \"sql\", \"fatal\": " fatal "}\047", "\047chaos\047" > sf
+              "\047{\"n\": " n ", \"via\": \"sql\", \"fatal\": " fatal h "}\047", "\047chaos\047", crashes > sf
             continue
           }
-          extra = ""
+          extra = sprintf(", \"max_crashes\": %d", crashes)
           if (rand() < 0.10) extra = extra sprintf(", \"delay\": %.2f", rand() * 3)
-          if (rand() < 0.02) extra = extra ", \"max_attempts\": 2"
-          printf "{\"payload\": {\"n\": %d, \"via\": \"copy\", \"fatal\": %s}, \"tenant_id\": \"%s\", \"shard_key\": \"%s\", \"batch\": \"chaos\"%s}\n", \
-            n, fatal, tenant, shard, extra > jf
+          if (rand() < 0.02 && hostile == "") extra = extra ", \"max_attempts\": 2"
+          printf "{\"payload\": {\"n\": %d, \"via\": \"copy\", \"fatal\": %s%s}, \"tenant_id\": \"%s\", \"shard_key\": \"%s\", \"batch\": \"chaos\"%s}\n", \
+            n, fatal, h, tenant, shard, extra > jf
           nj++
         }
         if (ns) printf ";\n" > sf
@@ -351,6 +381,26 @@ terminate_backends() {
   psql_q -c "SELECT pg_terminate_backend(p::int) FROM unnest(string_to_array('$ids', ',')) p" \
     >/dev/null 2>&1
   ev terminate_backend "$all" "$what"
+}
+
+# poison_kill: whichever worker holds a leased "kill" poison task is killed -9 at once (the
+# stand-in for a payload that crashes any process that runs it), and restarted after 0.5 s.
+poison_kill() {
+  [[ -z $PG_FROZEN ]] || return 0
+  local rows row i
+  rows=$(psql_q -c "SELECT id || ' ' || lease_owner FROM agent_work_queue
+                     WHERE status = 'leased' AND payload->>'hostile' = 'kill'" 2>/dev/null) || return 0
+  [[ -n $rows ]] || return 0
+  while read -r id owner; do
+    for ((i = 1; i <= PROCS; i++)); do
+      [[ ${W_NAME[i]} == "$owner" && -n ${W_PID[i]} ]] || continue
+      [[ ${W_STATE[i]} == run || ${W_STATE[i]} == stopped || ${W_STATE[i]} == draining ]] || continue
+      kill -KILL "${W_PID[i]}"
+      ev kill9 "${W_NAME[i]}" "poison task $id"
+      ended "$i" "kill -9 (poison)"
+      W_STATE[i]=down W_UNTIL[i]=$(($(us) + 500000))
+    done
+  done <<<"$rows"
 }
 
 fault() {
@@ -485,6 +535,7 @@ while (($(us) < END)); do
   tend_workers
   fix_script
   pg_thaw
+  poison_kill
   if [[ -n $PG_FROZEN ]]; then
     :   # nothing that needs the database while it is frozen
   elif (($(us) >= NEXT_PG)) && all_ready; then
@@ -521,6 +572,7 @@ drain_end=$(($(us) + DRAIN_MAX * 1000000))
 open=""
 while (($(us) < drain_end)); do
   tend_workers
+  poison_kill
   open=$(psql_q -c "SELECT count(*) FROM agent_work_queue WHERE status IN ('pending', 'leased')" 2>/dev/null)
   [[ $open == 0 ]] && break
   sleep 0.5

@@ -11,7 +11,21 @@
 -- retry or fatal ends with "[attempt=A worker=W]", so a late outcome would show.
 --
 -- The mock's URL comes from the table chaos_config (key mock_url), read once per Lua state.
+--
+-- The hostile mix (payload.hostile; soak.sh --poison and --hostile) is worked off before any
+-- of that, outside the script's own pcall, so the host sees each misbehaviour as it is:
+--   kill     sleeps; the soak's driver kill -9s whichever worker holds it, every time: a
+--            poison task, which must be quarantined after max_crashes (3) crashes
+--   wedge    wedges its slot inside one C call (a sort of a million references to one 1 MB
+--            string: strcoll over the whole string per comparison), where no hook fires: the
+--            watchdog settles it as wedged and restarts the worker; quarantined after 3
+--   others   misbehave on the first attempt only (tostring_err, oom, loop, pattern, nilmsg,
+--            crlf, yield, gc, bigresult, leak), then run normally: each must end as a retry
+--            of that one task, the process alive, and the task done in the end
+-- Every task first checks that nothing a "leak" task did is visible to it.
 local leash = require "leash"
+
+local ORIGINAL_UPPER = string.upper
 
 local VERSION = "v1"
 
@@ -90,8 +104,77 @@ local function handle(task)
                     exec = exec_id, step_attempt = step.attempt, step_worker = step.worker })
 end
 
+local function wedge()
+  local big = ("x"):rep(1024 * 1024)
+  local t = {}
+  for i = 1, 1000000 do
+    t[i] = big
+  end
+  table.sort(t)
+end
+
+-- One misbehaviour per kind, each of a class docs/SECURITY.md says is closed.
+local misbehave = {
+  tostring_err = function()
+    error(setmetatable({}, { __tostring = function() error("__tostring raised") end }))
+  end,
+  oom = function()
+    local t = {}
+    for i = 1, 1e9 do
+      t[i] = ("x"):rep(1024) .. i
+    end
+  end,
+  loop = function()
+    while true do end
+  end,
+  pattern = function()
+    return ("a"):rep(200000):find(("a*"):rep(30) .. "b")
+  end,
+  nilmsg = function()
+    return nil, "upstream failed: 503 (hostile nilmsg)"
+  end,
+  crlf = function()
+    leash.log.info("forged\n{\"level\":\"error\",\"msg\":\"forged line\"}", { k = "a\r\nb" })
+    return false, "crlf logged"
+  end,
+  yield = function()
+    coroutine.yield("out of handle")
+  end,
+  gc = function()
+    setmetatable({}, { __gc = function() while true do end end })
+    return false, "gc metatable accepted"
+  end,
+  bigresult = function()
+    local s, t = ("y"):rep(1024 * 1024), {}
+    for i = 1, 600 do
+      t[i] = s
+    end
+    return leash.ok(t)
+  end,
+  leak = function()
+    leaked_global = "from a hostile task"   -- luacheck: ignore
+    pcall(function() string.upper = function() return "patched" end end)
+    pcall(setmetatable, _G, { __index = function() return "patched" end })
+    return nil, "leak attempted"
+  end,
+}
+
 return {
   handle = function(task)
+    if rawget(_G, "leaked_global") ~= nil or string.upper ~= ORIGINAL_UPPER
+       or getmetatable(_G) ~= nil then
+      return leash.fatal("state leaked across tasks " .. tag(task))
+    end
+    local hostile = type(task.payload) == "table" and task.payload.hostile
+    if hostile == "kill" then
+      leash.sleep(60)
+      return leash.retry("poison task outlived its driver " .. tag(task), 0.2)
+    elseif hostile == "wedge" then
+      wedge()
+      return leash.retry("wedge returned " .. tag(task), 0.2)
+    elseif hostile and task.attempt == 1 then
+      return misbehave[hostile]()
+    end
     local ok, a, b = pcall(handle, task)
     if ok then
       return a, b
