@@ -25,7 +25,7 @@ struct reload {
   pthread_t thread;
   int inotify_fd;
   int pipe_fd[2];               /* 'r' = reload now (SIGHUP), 'q' = quit */
-  char version[17];             /* of the last version that loaded */
+  char version[SCRIPT_VERSION_LEN + 1];             /* of the last version that loaded */
 };
 
 /* One bounded load: shared by the waiting caller and the loader thread; whoever finishes
@@ -198,8 +198,9 @@ static void try_reload(struct reload *r, const char *why)
   int changed = strcmp(script_version(probe), r->version) != 0;
   snprintf(r->version, sizeof r->version, "%s", script_version(probe));
   script_free(probe);
-  /* A SIGHUP reloads even an unchanged script (setup runs again, sibling modules may have
-     changed); a file event that left the script's bytes alone still reloads for siblings. */
+  /* A SIGHUP reloads even an unchanged version (setup runs again). The version covers the
+     modules loaded with the script, so a changed module is a new version; a module first
+     required by a task is not in it (it is loaded afresh by each task anyway). */
   pthread_mutex_lock(&h->mu);
   free(h->script_text);
   h->script_text = text;
@@ -207,7 +208,7 @@ static void try_reload(struct reload *r, const char *why)
   h->generation++;
   pthread_mutex_unlock(&h->mu);
   log_info("hot swap (%s): slots load version %s between tasks%s", why, r->version,
-           changed ? "" : " (script unchanged; modules reloaded)");
+           changed ? "" : " (unchanged: setup runs again)");
 }
 
 struct script *reload_load_bounded(const char *path, const char *text, size_t len,

@@ -501,6 +501,7 @@ static int l_require(lua_State *L)
                         name, host->nlua_path ? " or --lua-path" : "");
     lua_pushfstring(L, "@%s", path);
     int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
+    script_hash_module(s, name, text, len);
     free(text);
     if (rc != LUA_OK)
       return lua_error(L);

@@ -8,6 +8,7 @@
 #include "sandbox.h"
 
 #include <lauxlib.h>
+#include <openssl/evp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,7 +30,8 @@ struct script {
   enum outcome_cause abort_cause;
   int broken;
   char dir[1024];              /* the script's folder, for require of siblings */
-  char version[17];
+  char version[SCRIPT_VERSION_LEN + 1];
+  EVP_MD_CTX *hash;            /* while loading: the script's text and each module's */
 };
 
 static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
@@ -41,6 +43,7 @@ static void deadline_hook(lua_State *L, lua_Debug *ar);
 static int load_protected(lua_State *L);
 static int l_task_lease_lost(lua_State *L);
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
+static void hash_part(struct script *s, const char *name, const char *text, size_t len);
 struct run_ctx;
 static void push_task(lua_State *L, struct run_ctx *c);
 static void read_outcome(lua_State *L, struct outcome *o, int v, int nret);
@@ -75,10 +78,14 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
   s->host = host;
   s->handle_ref = LUA_NOREF;
   s->mem_limit = host->memory_limit;
-  uint64_t h = 1469598103934665603ULL;   /* FNV-1a: a version name, not a security hash */
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ (unsigned char)text[i]) * 1099511628211ULL;
-  snprintf(s->version, sizeof s->version, "%016llx", (unsigned long long)h);
+  /* The version: SHA-256 over the script's text and every module loaded with it, so two
+     pods that differ in one module file never share a version id. */
+  s->hash = EVP_MD_CTX_new();
+  if (!s->hash || !EVP_DigestInit_ex(s->hash, EVP_sha256(), NULL)) {
+    snprintf(err, errlen, "cannot hash the script (out of memory)");
+    goto fail;
+  }
+  hash_part(s, path, text, len);
   const char *slash = strrchr(path, '/');
   if (slash)
     snprintf(s->dir, sizeof s->dir, "%.*s", (int)(slash - path), path);
@@ -125,6 +132,16 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
   }
   s->handle_ref = (int)lua_tointeger(s->L, -1);
   lua_settop(s->L, 0);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned mdlen = 0;
+  if (!EVP_DigestFinal_ex(s->hash, md, &mdlen) || mdlen * 2 != SCRIPT_VERSION_LEN) {
+    snprintf(err, errlen, "cannot hash the script");
+    goto fail;
+  }
+  for (unsigned i = 0; i < mdlen; i++)
+    snprintf(s->version + 2 * i, 3, "%02x", md[i]);
+  EVP_MD_CTX_free(s->hash);
+  s->hash = NULL;
   return s;
 fail:
   script_free(s);
@@ -135,9 +152,26 @@ void script_free(struct script *s)
 {
   if (!s)
     return;
+  EVP_MD_CTX_free(s->hash);
   if (s->L)
     lua_close(s->L);
   free(s);
+}
+
+/* One part of the version: its name, length and text, so no two sets of parts hash alike. */
+static void hash_part(struct script *s, const char *name, const char *text, size_t len)
+{
+  char head[32];
+  int n = snprintf(head, sizeof head, "%zu:", len);
+  EVP_DigestUpdate(s->hash, name, strlen(name) + 1);
+  EVP_DigestUpdate(s->hash, head, (size_t)n);
+  EVP_DigestUpdate(s->hash, text, len);
+}
+
+void script_hash_module(struct script *s, const char *name, const char *text, size_t len)
+{
+  if (s->hash)
+    hash_part(s, name, text, len);
 }
 
 const char *script_version(const struct script *s)

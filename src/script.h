@@ -53,8 +53,13 @@ void script_free(struct script *s);
 /* Runs handle(task) and fills t->kind, error, delay, result, duration. */
 void script_run(struct script *s, struct task *t);
 
-/* Content hash of the loaded file (16 hex digits), for logs and hot swap. */
+/* The version id: SHA-256 (64 hex digits) over the script's text and every module loaded
+   with it (at load time, setup included), for logs, hot swap and the attempt history. */
+#define SCRIPT_VERSION_LEN 64
 const char *script_version(const struct script *s);
+/* Adds a module required while loading to the version (no-op once loading is over: a
+   module first required by a task is that task's own). */
+void script_hash_module(struct script *s, const char *name, const char *text, size_t len);
 
 /* 1 after an out-of-memory error left the state unfit: the caller loads a fresh one. */
 int script_broken(const struct script *s);
