@@ -25,9 +25,16 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
   case OPT_DB:
     g->db = arg;
     return 1;
-  case OPT_TABLE:
+  case OPT_TABLE: {
+    /* Refused here, before any connection: a hostile name must never reach SQL. */
+    char err[DB_ERR_MAX];
+    if (db_table_check_name(arg, err, sizeof err) != 0) {
+      *done = 1;
+      return cli_usage_error(g, "%s", err);
+    }
     g->table = arg;
     return 1;
+  }
   case OPT_LOG_FORMAT: {
     enum log_format f;
     if (log_parse_format(arg, &f) != 0) {
