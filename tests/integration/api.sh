@@ -124,6 +124,33 @@ case_http_request_against_local_server() {
   assert_no_sanitizer_reports
 }
 
+# CR, LF, NUL or another control in the url, the method, a header name or a header value
+# (each), and header names or methods that are not tokens: every one raises a clear error
+# that does not quote the value, and nothing of it reaches the server (no smuggled request,
+# no injected header). A tab in a value and a token method still go through.
+case_http_refuses_crlf_and_nul_in_every_part() {
+  api_setup
+  http_start
+  local id
+  id=$(enqueue_one "{\"base\":\"$HTTP_URL\"}")
+  start_worker A "$API/http_hostile.lua" --concurrency 1 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 60 0
+  expect_done "$id"
+  assert_eq "variants tried" "$(row "$id" "jsonb_array_length(result->'variants')")" 37
+  assert_eq "variants that were sent" \
+    "$(row "$id" "(select string_agg(v->>'name', ',') from jsonb_array_elements(result->'variants') v where (v->>'ok')::boolean)")" ""
+  assert_eq "variants whose error is not leash.http.request's" \
+    "$(row "$id" "(select string_agg(v->>'name', ',') from jsonb_array_elements(result->'variants') v where v->>'err' not like '%leash.http.request: %')")" ""
+  assert_eq "errors quoting the secret" \
+    "$(row "$id" "(select count(*) from jsonb_array_elements(result->'variants') v where v->>'err' like '%SECRETVALUE%')")" 0
+  echo "# e.g. $(row "$id" "result->'variants'->0->>'err'")" >&2
+  assert_eq "clean request" "$(row "$id" "result->>'status' || ' ' || (result->>'method') || ' ' || (result->>'tab') || ' ' || (result->>'user') || '|' || (result->>'injected')")" $'200 PATCH a\tb alice|'
+  # The server saw exactly the one clean request: nothing smuggled, nothing sent early.
+  assert_eq "requests the server saw" "$(grep ' request ' "$HTTP_LOG" | awk '{print $3, $4}')" "PATCH /echo"
+  assert_not_contains "worker log" "$(worker_log A)" "SECRETVALUE"
+  assert_no_sanitizer_reports
+}
+
 # A request in flight is aborted once the lease is lost: the row is taken away by SQL while
 # the task waits on /slow?ms=20000; the next heartbeat misses it and the transfer stops.
 case_http_aborted_when_lease_lost() {
