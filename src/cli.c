@@ -177,6 +177,33 @@ int cli_parse_duration(const char *s, double *out)
   return 0;
 }
 
+int cli_parse_size(const char *s, size_t min, size_t max, size_t *out)
+{
+  if (!(*s >= '0' && *s <= '9'))
+    return -1;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno)
+    return -1;
+  unsigned long long scale;
+  if (*end == '\0' || strcmp(end, "B") == 0)
+    scale = 1;
+  else if (strcmp(end, "k") == 0 || strcmp(end, "K") == 0 || strcmp(end, "kB") == 0 ||
+           strcmp(end, "KB") == 0)
+    scale = 1ull << 10;
+  else if (strcmp(end, "M") == 0 || strcmp(end, "MB") == 0)
+    scale = 1ull << 20;
+  else if (strcmp(end, "G") == 0 || strcmp(end, "GB") == 0)
+    scale = 1ull << 30;
+  else
+    return -1;
+  if (v > max / scale || v * scale < min || v * scale > max)
+    return -1;
+  *out = (size_t)(v * scale);
+  return 0;
+}
+
 static void print_error(const struct cli *g, const char *fmt, va_list ap)
 {
   char msg[2048];

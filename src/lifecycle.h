@@ -17,6 +17,14 @@
 /* Defaults a row gets when its inserter names none (the table's column defaults say the same). */
 #define LIFECYCLE_DEFAULT_MAX_ATTEMPTS 8
 #define LIFECYCLE_DEFAULT_MAX_CRASHES  3
+/* What a row's text keys may hold: a longer shard key cannot go in the one-lease-per-shard
+   index (btree rows are limited to about 2.7 kB), and no key needs more. */
+#define LIFECYCLE_MAX_TENANT_BYTES 512
+#define LIFECYCLE_MAX_SHARD_BYTES  512
+#define LIFECYCLE_MAX_BATCH_BYTES  512
+/* The largest max_attempts enqueue accepts. */
+#define LIFECYCLE_MAX_ATTEMPTS_LIMIT 1000
+
 /* Backoff for a retry that names no delay: least(CAP, BASE ^ attempts) seconds. */
 #define LIFECYCLE_BACKOFF_BASE 2.0
 #define LIFECYCLE_BACKOFF_CAP_S 3600.0
