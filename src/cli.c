@@ -217,7 +217,8 @@ static void print_error(const struct cli *g, const char *fmt, va_list ap)
 const char cli_global_help[] =
   "global options:\n"
   "  --db CONNINFO         libpq URI or key=value string (default $DATABASE_URL, then PG*)\n"
-  "  --table NAME          queue table, NAME or SCHEMA.NAME (default agent_work_queue)\n"
+  "  --table NAME          queue table, NAME or SCHEMA.NAME (default agent_work_queue; no\n"
+  "                        control characters, '$', '/*' or '*/')\n"
   "  --log-format FORMAT   text or json (default text)\n"
   "  --log-level LEVEL     debug, info, warn or error (default info)\n"
   "  -h, --help            this help\n"
