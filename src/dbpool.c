@@ -33,7 +33,7 @@ struct busy {
   struct owner o;
 };
 
-static int reset_session(PGconn *c, char *err, size_t errlen);
+static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen);
 static void mark_busy(struct dbpool *p, PGconn *c, struct owner o);
 static int set_timeout(PGconn *c, int ms, char *err, size_t errlen);
 
@@ -104,7 +104,7 @@ PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_
     /* Another execution's session may carry a role, settings, temp tables, prepared
        statements, LISTENs or advisory locks: none of it may reach this one. */
     int reused = t && last.id == me.id && last.attempt == me.attempt;
-    if ((!reused && reset_session(c, err, errlen) != 0) || set_timeout(c, ms, err, errlen) != 0) {
+    if (reused ? set_timeout(c, ms, err, errlen) != 0 : reset_session(c, ms, err, errlen) != 0) {
       /* A session that cannot be reset is not given out: a fresh one replaces it. */
       PQfinish(c);
       c = NULL;
@@ -146,19 +146,24 @@ static void mark_busy(struct dbpool *p, PGconn *c, struct owner o)
   pthread_mutex_unlock(&p->mu);
 }
 
-/* Back to the state of a new connection (see dbpool.h). The session is idle here: put
-   rolled back whatever the script left open. */
-static int reset_session(PGconn *c, char *err, size_t errlen)
+/* Back to the state of a new connection (see dbpool.h), in one round trip. The session is
+   idle here: put rolled back whatever the script left open. DISCARD ALL itself cannot run in
+   the implicit transaction of a multi-statement query, so this is what the PostgreSQL manual
+   says it is equivalent to, statement by statement; RESET ROLE after RESET ALL is for a role
+   default set with ALTER ROLE ... SET role. */
+static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen)
 {
   if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE) {
     snprintf(err, errlen, "pooled connection not idle");
     return -1;
   }
-  /* DISCARD ALL = CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL;
-     UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS, TEMP, SEQUENCES. It cannot
-     run in a transaction block, so it is its own statement. RESET ROLE after it is for a
-     role default set with ALTER ROLE ... SET role, which RESET ALL brings back. */
-  if (db_command(c, "DISCARD ALL", err, errlen) != 0 || db_command(c, "RESET ROLE", err, errlen) != 0)
+  char sql[320];
+  snprintf(sql, sizeof sql,
+           "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; "
+           "UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; "
+           "DISCARD SEQUENCES; RESET ROLE; SET statement_timeout = %d",
+           timeout_ms > 0 ? timeout_ms : 0);
+  if (db_script(c, sql, err, errlen) != 0)
     return -1;
   /* Notifications received before the reset are the last user's. */
   PGnotify *n;

@@ -3,10 +3,10 @@
  * lazily, up to a fixed maximum (a process never holds one per slot); a caller waits for a
  * free one. A connection comes back idle: an open transaction is rolled back, a broken one
  * is closed and reopened on next use. No session state crosses executions: a connection last
- * used by another execution (task id and attempt) is reset with DISCARD ALL (which also
- * drops temp tables, prepared statements, LISTENs and session advisory locks, and undoes SET
- * ROLE, SET SESSION AUTHORIZATION and every SET) and RESET ROLE; a reset that fails closes
- * it and a fresh one is opened. Before every statement statement_timeout is set again from
+ * used by another execution (task id and attempt) is reset with the statements DISCARD ALL
+ * stands for (dropping temp tables, prepared statements, cursors, LISTENs and session
+ * advisory locks, undoing SET ROLE, SET SESSION AUTHORIZATION and every SET) and RESET ROLE,
+ * in one round trip; a reset that fails closes it and a fresh one is opened. Before every statement statement_timeout is set again from
  * the caller's time left, so neither a script's own SET nor pg_sleep outlives its task.
  * Thread-safe.
  */
