@@ -345,8 +345,8 @@ out:
 }
 
 /* Reads one line (its newline kept) into *buf, growing it up to max bytes of line. Returns
-   1 with *len, 0 at the end of the file (ferror told apart from feof), -1 on a read error or out of memory (errno says
-   which), -2 when the line is longer than max. */
+   1 with *len, 0 at the end of the file (ferror told apart from feof), -1 on a read error or
+   out of memory (errno says which), -2 when the line is longer than max. */
 static int read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len)
 {
   size_t n = 0;
