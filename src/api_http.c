@@ -46,6 +46,8 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
 static int grow(struct growbuf *b, const char *data, size_t n);
 static void push_headers(lua_State *L, const struct growbuf *head);
 static void describe_url(const char *url, char *out, size_t n);
+static const char *control_in(const char *s, size_t n, int allow_tab, size_t *at);
+static int is_token(const char *s, size_t n);
 
 int api_http_open(lua_State *L)
 {
@@ -65,14 +67,29 @@ static int l_request(lua_State *L)
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
   lua_getfield(L, 1, "url");                      /* 2 */
-  const char *url = luaL_optstring(L, 2, NULL);
+  size_t url_len = 0, method_len = 0, at;
+  const char *url = luaL_optlstring(L, 2, NULL, &url_len);
   if (!url)
     return luaL_argerror(L, 1, "url is required");
+  /* CR, LF or NUL in any part of the request line or a header would end it early and let
+     the rest be read as another header or a whole second request (smuggling); a NUL would
+     silently cut the C string libcurl sees. The messages never quote the values: a URL or a
+     header may hold a credential. */
+  const char *bad = control_in(url, url_len, 0, &at);
+  if (bad)
+    return luaL_error(L, "leash.http.request: url has %s at byte %d; refused", bad, (int)at);
   lua_getfield(L, 1, "method");                   /* 3 */
   lua_getfield(L, 1, "body");                     /* 4 */
   size_t body_len = 0;
   const char *body = luaL_optlstring(L, 4, NULL, &body_len);
-  const char *method = luaL_optstring(L, 3, body ? "POST" : "GET");
+  const char *method = luaL_optlstring(L, 3, body ? "POST" : "GET", &method_len);
+  if (!is_token(method, method_len) || method_len > 32) {
+    bad = control_in(method, method_len, 0, &at);
+    if (bad)
+      return luaL_error(L, "leash.http.request: method has %s at byte %d; refused", bad, (int)at);
+    return luaL_error(L, "leash.http.request: method must be an HTTP token (letters, digits, "
+                      "!#$%%&'*+-.^_`|~; at most 32 bytes), e.g. GET or POST");
+  }
   lua_getfield(L, 1, "timeout");                  /* 5 */
   lua_Number timeout = luaL_optnumber(L, 5, HTTP_DEFAULT_TIMEOUT);
   if (!(timeout > 0) || !isfinite(timeout))
@@ -101,7 +118,23 @@ static int l_request(lua_State *L)
     while (lua_next(L, 6)) {
       if (lua_type(L, -2) != LUA_TSTRING || !lua_isstring(L, -1))
         return luaL_argerror(L, 1, "headers must map names to strings");
-      lua_pushfstring(L, "%s: %s", lua_tostring(L, -2), lua_tostring(L, -1));
+      size_t name_len, value_len;
+      const char *name = lua_tolstring(L, -2, &name_len);
+      const char *value = lua_tolstring(L, -1, &value_len);
+      if (!is_token(name, name_len)) {
+        bad = control_in(name, name_len, 0, &at);
+        if (bad)
+          return luaL_error(L, "leash.http.request: a header name has %s at byte %d; refused",
+                            bad, (int)at);
+        return luaL_error(L, "leash.http.request: a header name must be an HTTP token (no "
+                          "':', spaces or controls; at most 256 bytes)");
+      }
+      /* A tab is allowed inside a value (obs-fold aside, HTTP permits it); nothing below. */
+      bad = control_in(value, value_len, 1, &at);
+      if (bad)
+        return luaL_error(L, "leash.http.request: header '%s' value has %s at byte %d; refused",
+                          name, bad, (int)at);
+      lua_pushfstring(L, "%s: %s", name, value);
       struct curl_slist *next = curl_slist_append(call->headers, lua_tostring(L, -1));
       if (!next)
         return luaL_error(L, "leash.http.request: out of memory");
@@ -263,6 +296,39 @@ static void push_headers(lua_State *L, const struct growbuf *head)
     }
     p = eol ? eol + 1 : end;
   }
+}
+
+/* The first byte of s that may not appear in a request line or header (NUL, CR, LF, any
+   other control but, when allowed, a tab), named for a message with its 1-based offset in
+   *at; NULL when there is none. */
+static const char *control_in(const char *s, size_t n, int allow_tab, size_t *at)
+{
+  for (size_t i = 0; i < n; i++) {
+    unsigned char b = (unsigned char)s[i];
+    const char *what = b == '\0' ? "a NUL byte" : b == '\r' ? "a carriage return (CR)"
+                     : b == '\n' ? "a line feed (LF)"
+                     : (b < 0x20 && !(allow_tab && b == '\t')) || b == 0x7f ? "a control character"
+                     : NULL;
+    if (what) {
+      *at = i + 1;
+      return what;
+    }
+  }
+  return NULL;
+}
+
+/* RFC 9110 token: what a method or a header name may be. */
+static int is_token(const char *s, size_t n)
+{
+  if (n == 0 || n > 256)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char b = (unsigned char)s[i];
+    if (!((b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9') ||
+          strchr("!#$%&'*+-.^_`|~", b) != NULL) || b == '\0')
+      return 0;
+  }
+  return 1;
 }
 
 /* scheme://host[:port] of url, for error messages: never the path, query or credentials. */

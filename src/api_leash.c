@@ -316,7 +316,8 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
   PGresult **box = lua_newuserdatauv(L, sizeof *box, 0);
   *box = NULL;
   luaL_setmetatable(L, RESULT_MT);
-  PGconn *c = dbpool_get(h->pool, err, sizeof err);
+  PGconn *c = dbpool_get_for(h->pool, script_task(script_of(L)),
+                             script_time_left(script_of(L)), err, sizeof err);
   if (!c)
     luaL_error(L, "%s: %s", what, err);
   /* The wait for a connection may have outlived the lease. */

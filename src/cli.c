@@ -25,9 +25,16 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
   case OPT_DB:
     g->db = arg;
     return 1;
-  case OPT_TABLE:
+  case OPT_TABLE: {
+    /* Refused here, before any connection: a hostile name must never reach SQL. */
+    char err[DB_ERR_MAX];
+    if (db_table_check_name(arg, err, sizeof err) != 0) {
+      *done = 1;
+      return cli_usage_error(g, "%s", err);
+    }
     g->table = arg;
     return 1;
+  }
   case OPT_LOG_FORMAT: {
     enum log_format f;
     if (log_parse_format(arg, &f) != 0) {
@@ -170,6 +177,33 @@ int cli_parse_duration(const char *s, double *out)
   return 0;
 }
 
+int cli_parse_size(const char *s, size_t min, size_t max, size_t *out)
+{
+  if (!(*s >= '0' && *s <= '9'))
+    return -1;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno)
+    return -1;
+  unsigned long long scale;
+  if (*end == '\0' || strcmp(end, "B") == 0)
+    scale = 1;
+  else if (strcmp(end, "k") == 0 || strcmp(end, "K") == 0 || strcmp(end, "kB") == 0 ||
+           strcmp(end, "KB") == 0)
+    scale = 1ull << 10;
+  else if (strcmp(end, "M") == 0 || strcmp(end, "MB") == 0)
+    scale = 1ull << 20;
+  else if (strcmp(end, "G") == 0 || strcmp(end, "GB") == 0)
+    scale = 1ull << 30;
+  else
+    return -1;
+  if (v > max / scale || v * scale < min || v * scale > max)
+    return -1;
+  *out = (size_t)(v * scale);
+  return 0;
+}
+
 static void print_error(const struct cli *g, const char *fmt, va_list ap)
 {
   char msg[2048];
@@ -183,7 +217,8 @@ static void print_error(const struct cli *g, const char *fmt, va_list ap)
 const char cli_global_help[] =
   "global options:\n"
   "  --db CONNINFO         libpq URI or key=value string (default $DATABASE_URL, then PG*)\n"
-  "  --table NAME          queue table, NAME or SCHEMA.NAME (default agent_work_queue)\n"
+  "  --table NAME          queue table, NAME or SCHEMA.NAME (default agent_work_queue; no\n"
+  "                        control characters, '$', '/*' or '*/')\n"
   "  --log-format FORMAT   text or json (default text)\n"
   "  --log-level LEVEL     debug, info, warn or error (default info)\n"
   "  -h, --help            this help\n"

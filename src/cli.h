@@ -75,4 +75,8 @@ int cli_parse_int(const char *s, long min, long max, long *out);
 /* A duration in seconds: "30", "1.5", "500ms", "30s", "5m", "2h", "7d", at most 100 years. */
 int cli_parse_duration(const char *s, double *out);
 
+/* A size in bytes: "4096", "512k", "4M", "1G" (also kB/KB, MB, GB, B; powers of 1024), at
+   least min and at most max bytes. 0 or -1. */
+int cli_parse_size(const char *s, size_t min, size_t max, size_t *out);
+
 #endif

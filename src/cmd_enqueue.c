@@ -1,14 +1,20 @@
 /* leash enqueue: one task from the command line, or many from a JSONL file through COPY. */
 #include "commands.h"
 #include "enqueue.h"
+#include "lifecycle.h"
 #include "migrate.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define ANALYZE_AFTER_ROWS 1000
+/* A line longer than this is refused (a task description is small; the payload of a line
+   is copied several times on its way to the table). --max-line-bytes changes it. */
+#define DEFAULT_MAX_LINE_BYTES ((size_t)4 << 20)
+#define MAX_LINE_BYTES_LIMIT ((size_t)1 << 30)
 
 static const char usage[] =
   "usage: leash enqueue [OPTIONS] PAYLOAD_JSON\n"
@@ -18,18 +24,19 @@ static const char usage[] =
   "max_attempts, max_crashes; the options below are the defaults for what a line leaves out. Every line\n"
   "is checked before anything is written; one bad line rejects the whole file.\n\n"
   "options:\n"
-  "  --tenant T            tenant_id (default 'default')\n"
+  "  --tenant T            tenant_id (default 'default'; tenant, shard, batch <= 512 bytes)\n"
   "  --shard K             shard_key (default 'task:<id>', unique: no accidental serialising)\n"
   "  --delay S             runnable after S (seconds, or 500ms, 5m, 2h, 1d)\n"
   "  --run-after TS        runnable after the timestamp TS\n"
-  "  --max-attempts N      attempts before the task goes dead (default 8)\n"
+  "  --max-attempts N      attempts before the task goes dead (default 8, at most 1000)\n"
   "  --max-crashes N       crashed executions before it is quarantined (1-1000, default 3)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
-  "  --file F              read JSONL from F\n\n";
+  "  --file F              read JSONL from F\n"
+  "  --max-line-bytes N    refuse a line longer than N bytes (default 4M; k, M, G units)\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
-  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES,
+  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES,
 };
 
 /* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
@@ -58,8 +65,10 @@ static const char insert_fmt[] =
 static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
                        const struct defaults *d, const char *payload);
 static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
-                        const struct defaults *d, const char *path);
+                        const struct defaults *d, const char *path, size_t max_line);
+static int read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len);
 static int data_error(struct cli *g, const char *err);
+static int check_defaults(struct cli *g, const struct defaults *d);
 
 int cmd_enqueue(struct cli *g, int argc, char **argv)
 {
@@ -73,10 +82,12 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     { "batch", required_argument, NULL, OPT_BATCH },
     { "file", required_argument, NULL, OPT_FILE },
     { "max-crashes", required_argument, NULL, OPT_MAX_CRASHES },
+    { "max-line-bytes", required_argument, NULL, OPT_MAX_LINE_BYTES },
     { NULL, 0, NULL, 0 },
   };
   struct defaults d = { 0 };
   const char *file = NULL;
+  size_t max_line = DEFAULT_MAX_LINE_BYTES;
   int opt, rc;
   long n;
   double secs;
@@ -101,8 +112,9 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       d.run_after = optarg;
       break;
     case OPT_MAX_ATTEMPTS:
-      if (cli_parse_int(optarg, 1, 2147483647L, &n) != 0)
-        return cli_usage_error(g, "--max-attempts must be an integer >= 1, not '%s'", optarg);
+      if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_ATTEMPTS, &n) != 0)
+        return cli_usage_error(g, "--max-attempts must be an integer from 1 to %d, not '%s'",
+                               LIFECYCLE_MAX_MAX_ATTEMPTS, optarg);
       d.max_attempts = optarg;
       break;
     case OPT_BATCH:
@@ -117,10 +129,17 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     case OPT_FILE:
       file = optarg;
       break;
+    case OPT_MAX_LINE_BYTES:
+      if (cli_parse_size(optarg, 2, MAX_LINE_BYTES_LIMIT, &max_line) != 0)
+        return cli_usage_error(g, "--max-line-bytes must be a size from 2 bytes to 1G "
+                               "(e.g. 65536, 512k, 4M), not '%s'", optarg);
+      break;
     }
   }
   if (d.delay && d.run_after)
     return cli_usage_error(g, "give either --delay or --run-after, not both");
+  if ((rc = check_defaults(g, &d)) != EXIT_OK)
+    return rc;
   int positional = argc - optind;
   if (file && positional > 0)
     return cli_usage_error(g, "give either --file or a PAYLOAD_JSON argument, not both");
@@ -136,7 +155,7 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
   if (migrate_check(c, &t, err, sizeof err) != 0)
     rc = cli_runtime_error(g, "%s", err);
   else if (file)
-    rc = enqueue_file(g, c, &t, &d, file);
+    rc = enqueue_file(g, c, &t, &d, file, max_line);
   else
     rc = enqueue_one(g, c, &t, &d, argv[optind]);
   cli_close(c, &t);
@@ -189,7 +208,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
 /* Reads and checks every line, then in one transaction: COPY into a temporary stage, one
    INSERT … SELECT into the queue. Nothing is written unless every line is good. */
 static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
-                        const struct defaults *d, const char *path)
+                        const struct defaults *d, const char *path, size_t max_line)
 {
   FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
   if (!f)
@@ -199,22 +218,24 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   long *lines = NULL;   /* COPY row (0-based) -> file line, to name the line in errors */
   size_t rows = 0, rowscap = 0;
   long line_no = 0;
-  ssize_t got;
+  int got;
+  size_t len;
   char err[DB_ERR_MAX];
   int rc = EXIT_RUNTIME;
+  const char *name = strcmp(path, "-") == 0 ? "stdin" : path;
 
-  while ((got = getline(&line, &linecap, f)) != -1) {
+  /* getline cannot tell a line it could not hold (ENOMEM) from the end of the file: the
+     lines after it were dropped and a prefix enqueued. */
+  while ((got = read_line(f, &line, &linecap, max_line, &len)) > 0) {
     line_no++;
     char *run_after = NULL;
-    size_t len = (size_t)got;
     while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
       len--;
     enum enqueue_verdict v = enqueue_check_line(line, len, &run_after, err, sizeof err);
     if (v == ENQUEUE_LINE_BLANK)
       continue;
     if (v == ENQUEUE_LINE_BAD) {
-      rc = cli_usage_error(g, "%s line %ld: %s; nothing was enqueued",
-                           strcmp(path, "-") == 0 ? "stdin" : path, line_no, err);
+      rc = cli_usage_error(g, "%s line %ld: %s; nothing was enqueued", name, line_no, err);
       goto out;
     }
     if (rows == rowscap) {
@@ -235,8 +256,14 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
       goto out;
     }
   }
-  if (ferror(f)) {
-    rc = cli_runtime_error(g, "cannot read %s: %m", path);
+  if (got == -2) {
+    rc = cli_usage_error(g, "%s line %ld: longer than %zu bytes (--max-line-bytes); nothing "
+                         "was enqueued", name, line_no + 1, max_line);
+    goto out;
+  }
+  if (got < 0) {
+    rc = cli_runtime_error(g, "cannot read %s at line %ld: %m; nothing was enqueued", name,
+                           line_no + 1);
     goto out;
   }
   if (rows == 0) {
@@ -326,6 +353,61 @@ out:
   free(lines);
   free(sql);
   return rc;
+}
+
+/* Reads one line (its newline kept) into *buf, growing it up to max bytes of line. Returns
+   1 with *len, 0 at the end of the file (ferror told apart from feof), -1 on a read error or
+   out of memory (errno says which), -2 when the line is longer than max. */
+static int read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len)
+{
+  size_t n = 0;
+  int ch;
+  errno = 0;
+  while ((ch = getc_unlocked(f)) != EOF) {
+    if (n >= max && ch != '\n')   /* the newline itself does not count */
+      return -2;
+    if (n + 2 > *cap) {
+      size_t nc = *cap ? *cap * 2 : 4096;
+      if (nc > max + 2)
+        nc = max + 2;
+      char *nb = realloc(*buf, nc);
+      if (!nb) {
+        errno = ENOMEM;
+        return -1;
+      }
+      *buf = nb;
+      *cap = nc;
+    }
+    (*buf)[n++] = (char)ch;
+    if (ch == '\n')
+      break;
+  }
+  if (ch == EOF && ferror(f))
+    return -1;
+  if (n == 0)
+    return 0;
+  (*buf)[n] = '\0';
+  *len = n;
+  return 1;
+}
+
+/* The flags' values against the bounds a line's fields have (enqueue.c): a default that
+   could not be claimed must not reach the table either. */
+static int check_defaults(struct cli *g, const struct defaults *d)
+{
+  char err[DB_ERR_MAX];
+  const struct { const char *flag, *field, *value; } keys[] = {
+    { "--tenant", "tenant_id", d->tenant },
+    { "--shard", "shard_key", d->shard },
+    { "--batch", "batch", d->batch },
+  };
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+    if (keys[i].value &&
+        enqueue_check_key(keys[i].field, keys[i].value, strlen(keys[i].value), err, sizeof err))
+      return cli_usage_error(g, "%s: %s", keys[i].flag, err);
+  if (d->run_after && enqueue_check_run_after("--run-after", d->run_after, err, sizeof err))
+    return cli_usage_error(g, "%s", err);
+  return EXIT_OK;
 }
 
 /* A value PostgreSQL refused (SQLSTATE class 22: a bad --run-after timestamp, say) is the

@@ -184,22 +184,58 @@ void db_describe(PGconn *c, char *out, size_t outlen)
            PQport(c));
 }
 
-int db_table_init(struct db_table *t, PGconn *c, const char *spec, char *err, size_t errlen)
+int db_table_check_name(const char *spec, char *err, size_t errlen)
 {
-  memset(t, 0, sizeof *t);
   const char *dot = strchr(spec, '.');
   const char *name = dot ? dot + 1 : spec;
+  /* Bytes first: the other messages quote the name, which is safe only once it is known to
+     be printable. */
+  for (const char *p = spec; *p; p++) {
+    unsigned char b = (unsigned char)*p;
+    const char *what = NULL;
+    if (b < 0x20 || b == 0x7f)
+      what = "a control character";
+    else if (b == '$')
+      what = "a '$' (it could end a dollar-quoted function body)";
+    else if ((p[0] == '/' && p[1] == '*') || (p[0] == '*' && p[1] == '/'))
+      what = "'/*' or '*/' (they start or end an SQL comment)";
+    if (what) {
+      snprintf(err, errlen, "--table: the name has %s at byte %zu; control characters, '$', "
+               "'/*' and '*/' are refused", what, (size_t)(p - spec) + 1);
+      return -1;
+    }
+  }
   if (*spec == '\0' || *name == '\0' || (dot && dot == spec)) {
     snprintf(err, errlen, "--table: empty name in '%s' (use NAME or SCHEMA.NAME)", spec);
+    return -1;
+  }
+  if (strchr(name, '.')) {
+    snprintf(err, errlen, "--table: '%s' has more than one '.' (use NAME or SCHEMA.NAME)", spec);
     return -1;
   }
   /* Objects named "<table>_<what>" must fit PostgreSQL's 63 bytes, or they would be cut
      and collide ("<table>_one_lease_per_shard" is the longest). */
   if (strlen(name) > DB_TABLE_NAME_MAX) {
-    snprintf(err, errlen, "--table: the name '%s' is longer than %d bytes", name,
+    snprintf(err, errlen, "--table: the name '%.*s...' is longer than %d bytes", 20, name,
              DB_TABLE_NAME_MAX);
     return -1;
   }
+  /* PostgreSQL would silently cut a longer schema name and use another schema. */
+  if (dot && (size_t)(dot - spec) > DB_SCHEMA_NAME_MAX) {
+    snprintf(err, errlen, "--table: the schema name '%.*s...' is longer than %d bytes", 20,
+             spec, DB_SCHEMA_NAME_MAX);
+    return -1;
+  }
+  return 0;
+}
+
+int db_table_init(struct db_table *t, PGconn *c, const char *spec, char *err, size_t errlen)
+{
+  memset(t, 0, sizeof *t);
+  if (db_table_check_name(spec, err, errlen) != 0)
+    return -1;
+  const char *dot = strchr(spec, '.');
+  const char *name = dot ? dot + 1 : spec;
   t->name = strdup(name);
   if (dot) {
     char *s = escape_ident(c, spec, (size_t)(dot - spec));

@@ -61,8 +61,18 @@ struct db_table {
 };
 
 #define DB_TABLE_NAME_MAX 40
+#define DB_SCHEMA_NAME_MAX 63   /* PostgreSQL's NAMEDATALEN - 1: a longer name would be cut */
 
-/* Returns 0, or -1 with err (an empty or too long name part, or out of memory). */
+/* Checks a --table value before anything uses it: NAME or SCHEMA.NAME, each part non-empty
+   and short enough not to be truncated, and no byte that could end a comment, a string or a
+   dollar-quoted body in the migrations' SQL: control characters (< 0x20, 0x7f), '$', "/ *"
+   and "* /". Such names are legal quoted identifiers in PostgreSQL, but leash refuses them
+   rather than trust every place a name is pasted. '"', '\'', ';' and "--" are allowed: the
+   name is always pasted quoted (PQescapeIdentifier/Literal) and never inside a comment. The message never echoes the
+   raw name (a newline in it would forge a line). 0, or -1 with err. */
+int db_table_check_name(const char *spec, char *err, size_t errlen);
+
+/* Returns 0, or -1 with err (a name db_table_check_name refuses, or out of memory). */
 int db_table_init(struct db_table *t, PGconn *c, const char *spec, char *err, size_t errlen);
 void db_table_free(struct db_table *t);
 

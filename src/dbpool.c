@@ -2,8 +2,12 @@
 #include "dbpool.h"
 
 #include "db.h"
+#include "task.h"
 
+#include <math.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +17,25 @@ struct dbpool {
   char *conninfo;
   int max, open, timeout_ms;
   PGconn **idle;
+  struct owner *idle_owner;   /* who last used idle[i] */
   int nidle;
+  struct busy *busy;          /* connections given out, with who has them */
 };
+
+/* One execution of a task: its id and the attempt it runs as (a retry is another). */
+struct owner {
+  int64_t id;
+  int attempt;
+};
+
+struct busy {
+  PGconn *c;
+  struct owner o;
+};
+
+static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen);
+static void mark_busy(struct dbpool *p, PGconn *c, struct owner o);
+static int set_timeout(PGconn *c, int ms, char *err, size_t errlen);
 
 struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_ms)
 {
@@ -22,9 +43,13 @@ struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_m
   if (!p)
     return NULL;
   p->idle = calloc((size_t)max, sizeof *p->idle);
+  p->idle_owner = calloc((size_t)max, sizeof *p->idle_owner);
+  p->busy = calloc((size_t)max, sizeof *p->busy);
   p->conninfo = conninfo ? strdup(conninfo) : NULL;
-  if (!p->idle || (conninfo && !p->conninfo)) {
+  if (!p->idle || !p->idle_owner || !p->busy || (conninfo && !p->conninfo)) {
     free(p->idle);
+    free(p->idle_owner);
+    free(p->busy);
     free(p->conninfo);
     free(p);
     return NULL;
@@ -45,30 +70,115 @@ void dbpool_free(struct dbpool *p)
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
   free(p->idle);
+  free(p->idle_owner);
+  free(p->busy);
   free(p->conninfo);
   free(p);
 }
 
 PGconn *dbpool_get(struct dbpool *p, char *err, size_t errlen)
 {
+  return dbpool_get_for(p, NULL, 1e9, err, errlen);
+}
+
+PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_s, char *err,
+                       size_t errlen)
+{
+  struct owner me = { t ? t->id : -1, t ? t->attempt : -1 };
+  int ms = p->timeout_ms;
+  if (isfinite(time_left_s) && time_left_s < 1e6) {
+    double left_ms = ceil(time_left_s * 1000);
+    if (left_ms < 1)
+      left_ms = 1;
+    if (ms <= 0 || left_ms < ms)
+      ms = (int)left_ms;
+  }
+  PGconn *c = NULL;
   pthread_mutex_lock(&p->mu);
   while (p->nidle == 0 && p->open >= p->max)
     pthread_cond_wait(&p->cv, &p->mu);
   if (p->nidle > 0) {
-    PGconn *c = p->idle[--p->nidle];
+    c = p->idle[--p->nidle];
+    struct owner last = p->idle_owner[p->nidle];
     pthread_mutex_unlock(&p->mu);
-    return c;
+    /* Another execution's session may carry a role, settings, temp tables, prepared
+       statements, LISTENs or advisory locks: none of it may reach this one. */
+    int reused = t && last.id == me.id && last.attempt == me.attempt;
+    if (reused ? set_timeout(c, ms, err, errlen) != 0 : reset_session(c, ms, err, errlen) != 0) {
+      /* A session that cannot be reset is not given out: a fresh one replaces it. */
+      PQfinish(c);
+      c = NULL;
+    }
+    if (c) {
+      mark_busy(p, c, me);
+      return c;
+    }
+    pthread_mutex_lock(&p->mu);   /* the place stays reserved (open counts it) */
+  } else {
+    p->open++;   /* reserve the place, connect outside the lock */
   }
-  p->open++;   /* reserve the place, connect outside the lock */
   pthread_mutex_unlock(&p->mu);
-  PGconn *c = db_connect(p->conninfo, "script", p->timeout_ms, err, errlen);
+  c = db_connect(p->conninfo, "script", 0, err, errlen);
+  if (c && set_timeout(c, ms, err, errlen) != 0) {
+    PQfinish(c);
+    c = NULL;
+  }
   if (!c) {
     pthread_mutex_lock(&p->mu);
     p->open--;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    return NULL;
   }
+  mark_busy(p, c, me);
   return c;
+}
+
+static void mark_busy(struct dbpool *p, PGconn *c, struct owner o)
+{
+  pthread_mutex_lock(&p->mu);
+  for (int i = 0; i < p->max; i++)
+    if (!p->busy[i].c) {
+      p->busy[i].c = c;
+      p->busy[i].o = o;
+      break;
+    }
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Back to the state of a new connection (see dbpool.h), in one round trip. The session is
+   idle here: put rolled back whatever the script left open. DISCARD ALL itself cannot run in
+   the implicit transaction of a multi-statement query, so this is what the PostgreSQL manual
+   says it is equivalent to, statement by statement; RESET ROLE after RESET ALL is for a role
+   default set with ALTER ROLE ... SET role. */
+static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen)
+{
+  if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE) {
+    snprintf(err, errlen, "pooled connection not idle");
+    return -1;
+  }
+  char sql[320];
+  snprintf(sql, sizeof sql,
+           "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; "
+           "UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; "
+           "DISCARD SEQUENCES; RESET ROLE; SET statement_timeout = %d",
+           timeout_ms > 0 ? timeout_ms : 0);
+  if (db_script(c, sql, err, errlen) != 0)
+    return -1;
+  /* Notifications received before the reset are the last user's. */
+  PGnotify *n;
+  PQconsumeInput(c);
+  while ((n = PQnotifies(c)) != NULL)
+    PQfreemem(n);
+  return 0;
+}
+
+/* Every statement: the script's own SET statement_timeout = 0 must not outlive it. */
+static int set_timeout(PGconn *c, int ms, char *err, size_t errlen)
+{
+  char sql[64];
+  snprintf(sql, sizeof sql, "SET statement_timeout = %d", ms > 0 ? ms : 0);
+  return db_command(c, sql, err, errlen);
 }
 
 void dbpool_put(struct dbpool *p, PGconn *c)
@@ -79,7 +189,15 @@ void dbpool_put(struct dbpool *p, PGconn *c)
     db_command(c, "ROLLBACK", err, sizeof err);
   }
   pthread_mutex_lock(&p->mu);
+  struct owner o = { -1, -1 };   /* unknown: reset before the next use */
+  for (int i = 0; c && i < p->max; i++)
+    if (p->busy[i].c == c) {
+      o = p->busy[i].o;
+      p->busy[i].c = NULL;
+      break;
+    }
   if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE) {
+    p->idle_owner[p->nidle] = o;
     p->idle[p->nidle++] = c;
   } else {
     PQfinish(c);

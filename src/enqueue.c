@@ -3,11 +3,13 @@
 
 #include "lifecycle.h"
 
+#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static int check_string(json_t *v, const char *key, int nullable, char *err, size_t errlen);
 static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
@@ -74,6 +76,17 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
       check_string(json_object_get(o, "batch"), "batch", 1, err, errlen) ||
       check_string(json_object_get(o, "run_after"), "run_after", 0, err, errlen))
     goto out;
+  static const char *const keys[] = { "tenant_id", "shard_key", "batch" };
+  for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+    json_t *s = json_object_get(o, keys[k]);
+    if (json_is_string(s) &&
+        enqueue_check_key(keys[k], json_string_value(s), json_string_length(s), err, errlen))
+      goto out;
+  }
+  if (json_object_get(o, "run_after") &&
+      enqueue_check_run_after("\"run_after\"", json_string_value(json_object_get(o, "run_after")),
+                              err, errlen))
+    goto out;
   json_t *delay = json_object_get(o, "delay");
   if (delay) {
     if (!json_is_number(delay) || json_number_value(delay) < 0 ||
@@ -90,8 +103,9 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
   if (ma) {
     /* With INT_AS_REAL every number is a real: accept whole values only. */
     double d = json_number_value(ma);
-    if (!json_is_number(ma) || d < 1 || d > 2147483647.0 || d != floor(d)) {
-      snprintf(err, errlen, "\"max_attempts\" must be an integer >= 1");
+    if (!json_is_number(ma) || d < 1 || d > LIFECYCLE_MAX_MAX_ATTEMPTS || d != floor(d)) {
+      snprintf(err, errlen, "\"max_attempts\" must be an integer from 1 to %d",
+               LIFECYCLE_MAX_MAX_ATTEMPTS);
       goto out;
     }
   }
@@ -116,6 +130,45 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
 out:
   json_decref(o);
   return verdict;
+}
+
+int enqueue_check_key(const char *field, const char *value, size_t len, char *err,
+                      size_t errlen)
+{
+  size_t max = strcmp(field, "tenant_id") == 0   ? LIFECYCLE_MAX_TENANT_BYTES
+               : strcmp(field, "shard_key") == 0 ? LIFECYCLE_MAX_SHARD_BYTES
+                                                  : LIFECYCLE_MAX_BATCH_BYTES;
+  if (len == 0) {
+    snprintf(err, errlen, "\"%s\" must not be empty", field);
+    return -1;
+  }
+  if (len > max) {
+    snprintf(err, errlen, "\"%s\" is %zu bytes; at most %zu", field, len, max);
+    return -1;
+  }
+  if (memchr(value, '\0', len)) {
+    snprintf(err, errlen, "\"%s\" holds a NUL byte", field);
+    return -1;
+  }
+  return 0;
+}
+
+int enqueue_check_run_after(const char *field, const char *value, char *err, size_t errlen)
+{
+  /* PostgreSQL ignores case and surrounding spaces; so must the check. */
+  const char *p = value;
+  while (isspace((unsigned char)*p))
+    p++;
+  if (*p == '+' || *p == '-')
+    p++;
+  size_t n = strlen(p);
+  while (n > 0 && isspace((unsigned char)p[n - 1]))
+    n--;
+  if (n == 8 && strncasecmp(p, "infinity", 8) == 0) {
+    snprintf(err, errlen, "%s must be a finite timestamp, not infinity", field);
+    return -1;
+  }
+  return 0;
 }
 
 int enqueue_copy_row(char **buf, size_t *len, size_t *cap, long line_no, const char *doc,

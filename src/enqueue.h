@@ -4,7 +4,9 @@
  * A line is a JSON object with "payload" (required, not null) and optional "tenant_id",
  * "shard_key", "batch" (strings; batch may be null), "run_after" (a timestamp string, parsed
  * by PostgreSQL), "delay" (seconds >= 0; not together with run_after), "max_attempts"
- * (integer >= 1) and "max_crashes" (integer 1..1000: crashes before quarantine). Unknown fields and duplicate keys are errors: a typo must not silently
+ * (integer 1..1000) and "max_crashes" (integer 1..1000: crashes before quarantine).
+ * tenant_id, shard_key and batch are at most 512 bytes each (lifecycle.h), and run_after may
+ * not be infinite. Unknown fields and duplicate keys are errors: a typo must not silently
  * enqueue a task with defaults.
  */
 #ifndef LEASH_ENQUEUE_H
@@ -22,6 +24,15 @@ enum enqueue_verdict {
    run_after string (malloc'd) or NULL. */
 enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
                                         char *err, size_t errlen);
+
+/* The same bounds for a value given another way (a command-line default): tenant_id,
+   shard_key or batch (field names the field in err) of len bytes; 0, or -1 with err. */
+int enqueue_check_key(const char *field, const char *value, size_t len, char *err,
+                      size_t errlen);
+
+/* A run_after text: refuses 'infinity' and '-infinity' (PostgreSQL takes them, and a row
+   runnable at infinity is never claimed and never dies); 0, or -1 with err. */
+int enqueue_check_run_after(const char *field, const char *value, char *err, size_t errlen);
 
 /* Appends "line_no \t doc \t run_after \n" (COPY text format, \N for NULL) to *buf,
    growing it; returns 0 or -1 when out of memory. */

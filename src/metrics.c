@@ -5,6 +5,9 @@
 
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -16,9 +19,31 @@ static const double bucket_bounds[METRICS_BUCKETS] = {
   0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600,
 };
 
+/* A request, from its first byte (or the end of the last one on a kept-alive connection),
+   must be answered within this; the idle timeout alone is reset by every byte, so 40
+   clients trickling a header each held every connection and /healthz failed. */
+#define METRICS_REQUEST_DEADLINE_S 5.0
+#define METRICS_IDLE_TIMEOUT_S 5u
+/* Many more connections than a prober and a scraper need, within the process's fd limit. */
+#define METRICS_CONNECTIONS_MAX 1024u
+
+/* One open connection, known to the deadline thread. */
+struct conn_entry {
+  int fd;
+  double start;             /* monotonic seconds: connection start or last request's end */
+  int cut;                  /* shut down by the deadline thread */
+  struct conn_entry *prev, *next;
+};
+
 struct metrics {
   struct MHD_Daemon *daemon;
   struct host *h;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct conn_entry *conns;
+  int stopping;
+  pthread_t deadline_thread;
+  int thread_started;
 };
 
 struct text {
@@ -30,6 +55,13 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                               const char *method, const char *version, const char *upload,
                               size_t *upload_len, void **state);
 static void render(struct host *h, struct text *out);
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code);
+static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
+                         enum MHD_RequestTerminationCode code);
+static void *deadline_main(void *arg);
+static double mono_now(void);
+static unsigned connection_limit(void);
 static void put(struct text *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put_histogram(struct text *b, const char *name, const char *help,
                           struct histogram *h);
@@ -84,27 +116,147 @@ struct metrics *metrics_start(const char *addr, struct host *h, char *err, size_
     return NULL;
   }
   m->h = h;
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->cv, NULL);
+  /* epoll (MHD_USE_AUTO): hundreds of sockets, and fds above FD_SETSIZE, are fine. */
+  unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
   if (ai->ai_family == AF_INET6)
     flags |= MHD_USE_IPv6;
   m->daemon = MHD_start_daemon(flags, 0, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR,
-                               ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                               MHD_OPTION_CONNECTION_LIMIT, 32u, MHD_OPTION_END);
+                               ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
+                               METRICS_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+                               connection_limit(), MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+                               m, MHD_OPTION_NOTIFY_COMPLETED, on_completed, m, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!m->daemon) {
     snprintf(err, errlen, "--metrics: cannot listen on %s (in use, or not a local address?)",
              addr);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cv);
     free(m);
     return NULL;
   }
+  if (pthread_create(&m->deadline_thread, NULL, deadline_main, m) != 0) {
+    snprintf(err, errlen, "--metrics: cannot start a thread");
+    metrics_stop(m);
+    return NULL;
+  }
+  m->thread_started = 1;
   return m;
+}
+
+/* The fd limit shared with the database connections and the scripts: a quarter of it. */
+static unsigned connection_limit(void)
+{
+  struct rlimit rl;
+  unsigned n = METRICS_CONNECTIONS_MAX;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      rl.rlim_cur / 4 < n)
+    n = rl.rlim_cur / 4 > 16 ? (unsigned)(rl.rlim_cur / 4) : 16;
+  return n;
+}
+
+static double mono_now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Called on MHD's thread when a connection opens and closes (before its socket is closed,
+   so the deadline thread never shuts down an fd that was reused). */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+  struct metrics *m = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *info =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct conn_entry *e = info ? calloc(1, sizeof *e) : NULL;
+    *socket_context = e;
+    if (!e)
+      return;   /* without memory it is bounded by the idle timeout only */
+    e->fd = info->connect_fd;
+    e->start = mono_now();
+    pthread_mutex_lock(&m->mu);
+    e->next = m->conns;
+    if (m->conns)
+      m->conns->prev = e;
+    m->conns = e;
+    pthread_mutex_unlock(&m->mu);
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    struct conn_entry *e = *socket_context;
+    if (!e)
+      return;
+    pthread_mutex_lock(&m->mu);
+    if (e->prev)
+      e->prev->next = e->next;
+    else
+      m->conns = e->next;
+    if (e->next)
+      e->next->prev = e->prev;
+    pthread_mutex_unlock(&m->mu);
+    free(e);
+    *socket_context = NULL;
+  }
+}
+
+/* A request answered: the next one on the same connection gets its own deadline. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
+                         enum MHD_RequestTerminationCode code)
+{
+  (void)state, (void)code;
+  struct metrics *m = cls;
+  const union MHD_ConnectionInfo *info =
+    MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct conn_entry *e = info ? info->socket_context : NULL;
+  if (!e)
+    return;
+  pthread_mutex_lock(&m->mu);
+  e->start = mono_now();
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* Every 200 ms: a connection past its deadline is shut down (not closed: MHD owns the fd
+   and closes it when it sees the end of the stream), which frees its place. */
+static void *deadline_main(void *arg)
+{
+  struct metrics *m = arg;
+  pthread_mutex_lock(&m->mu);
+  while (!m->stopping) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 200 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&m->cv, &m->mu, &until);
+    double now = mono_now();
+    for (struct conn_entry *e = m->conns; e; e = e->next)
+      if (!e->cut && now - e->start > METRICS_REQUEST_DEADLINE_S) {
+        shutdown(e->fd, SHUT_RDWR);
+        e->cut = 1;
+      }
+  }
+  pthread_mutex_unlock(&m->mu);
+  return NULL;
 }
 
 void metrics_stop(struct metrics *m)
 {
   if (!m)
     return;
+  if (m->thread_started) {
+    pthread_mutex_lock(&m->mu);
+    m->stopping = 1;
+    pthread_cond_signal(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    pthread_join(m->deadline_thread, NULL);
+  }
   MHD_stop_daemon(m->daemon);
+  pthread_mutex_destroy(&m->mu);
+  pthread_cond_destroy(&m->cv);
   free(m);
 }
 

@@ -16,9 +16,48 @@ struct buf {
 static int buf_add(struct buf *b, const char *s, size_t n);
 static int applied_versions(PGconn *c, const char *history, int *max_version, char *err,
                             size_t errlen);
+static const char *comment_end(const char *p);
+static int value_is_inert(const char *v);
 
 /* One lock for all of leash's migrations, whatever the table: DDL is rare and short. */
 static const char lock_sql[] = "SELECT pg_advisory_xact_lock(hashtextextended('leash.migrate', 0))";
+
+/* The end of the SQL comment that starts at p ("--" to the end of the line, or a block
+   comment, nested as PostgreSQL nests them), or NULL when no comment starts at p. */
+static const char *comment_end(const char *p)
+{
+  if (p[0] == '-' && p[1] == '-') {
+    const char *nl = strchr(p, '\n');
+    return nl ? nl : p + strlen(p);
+  }
+  if (p[0] == '/' && p[1] == '*') {
+    int depth = 0;
+    for (const char *q = p; *q; q++) {
+      if (q[0] == '/' && q[1] == '*') {
+        depth++;
+        q++;
+      } else if (q[0] == '*' && q[1] == '/') {
+        q++;
+        if (--depth == 0)
+          return q + 1;
+      }
+    }
+    return p + strlen(p);
+  }
+  return NULL;
+}
+
+/* A value pasted into SQL must stay one token: no byte that ends a line (and so a "--"
+   comment), a block comment or a dollar-quoted body. db_table_check_name refuses such names
+   already; this is the second wall, for values built from them. */
+static int value_is_inert(const char *v)
+{
+  for (const char *p = v; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '$' || (p[0] == '*' && p[1] == '/') ||
+        (p[0] == '/' && p[1] == '*'))
+      return 0;
+  return 1;
+}
 
 char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char *err,
                      size_t errlen)
@@ -26,14 +65,22 @@ char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char 
   struct buf b = { 0 };
   const char *p = sql;
   while (*p) {
-    const char *open = strstr(p, "{{");
-    if (!open) {
-      if (buf_add(&b, p, strlen(p)) != 0)
+    /* Comments are copied as they are, placeholders and all: a name expanded inside one
+       could end it (a newline after "--" did, and ran the rest of the name as SQL). */
+    const char *cend = comment_end(p);
+    if (cend) {
+      if (buf_add(&b, p, (size_t)(cend - p)) != 0)
         goto oom;
-      break;
+      p = cend;
+      continue;
     }
-    if (buf_add(&b, p, (size_t)(open - p)) != 0)
-      goto oom;
+    if (!(p[0] == '{' && p[1] == '{')) {
+      if (buf_add(&b, p, 1) != 0)
+        goto oom;
+      p++;
+      continue;
+    }
+    const char *open = p;
     const char *close = strstr(open, "}}");
     if (!close) {
       snprintf(err, errlen, "migration text has an unclosed '{{'");
@@ -59,6 +106,11 @@ char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char 
       val = owned = db_table_object(t, c, key + 5, 0);
     else {
       snprintf(err, errlen, "migration text has an unknown placeholder {{%s}}", key);
+      goto fail;
+    }
+    if (val && !value_is_inert(val)) {
+      free(owned);
+      snprintf(err, errlen, "the table name cannot be used in SQL safely ({{%s}})", key);
       goto fail;
     }
     int rc = val ? buf_add(&b, val, strlen(val)) : -1;

@@ -60,7 +60,40 @@ static void copy_row_escapes_copy_specials(void)
   free(buf);
 }
 
+/* The bounds the claim needs (an 8,000-byte shard key overflowed the lease index and stopped
+   every cycle): keys at 512 bytes pass, one byte more names the field; max_attempts past
+   1000 and run_after at infinity are refused. */
+static void keys_and_numbers_out_of_bounds_are_refused(void)
+{
+  char line[1200], key[600], err[256] = "";
+  memset(key, 'k', sizeof key);
+  static const char *const fields[] = { "tenant_id", "shard_key", "batch" };
+  for (int i = 0; i < 3; i++) {
+    int n = snprintf(line, sizeof line, "{\"payload\":1,\"%s\":\"%.*s\"}", fields[i], 512, key);
+    CHECK_INT_EQ(check_line(line, (size_t)n, err, sizeof err), ENQUEUE_LINE_OK);
+    n = snprintf(line, sizeof line, "{\"payload\":1,\"%s\":\"%.*s\"}", fields[i], 513, key);
+    CHECK_INT_EQ(check_line(line, (size_t)n, err, sizeof err), ENQUEUE_LINE_BAD);
+    char want[64];
+    snprintf(want, sizeof want, "\"%s\" is 513 bytes; at most 512", fields[i]);
+    CHECK_STR_EQ(err, want);
+  }
+  static const char *const bad[] = {
+    "{\"payload\":1,\"max_attempts\":1001}", "{\"payload\":1,\"max_attempts\":1e9}",
+    "{\"payload\":1,\"run_after\":\"infinity\"}", "{\"payload\":1,\"run_after\":\"-INFINITY\"}",
+    "{\"payload\":1,\"run_after\":\" +Infinity\"}", "{\"payload\":1,\"delay\":1e300}",
+    "{\"payload\":1,\"tenant_id\":\"\"}", NULL,
+  };
+  for (const char *const *b = bad; *b; b++)
+    CHECK_INT_EQ(check_line(*b, strlen(*b), err, sizeof err), ENQUEUE_LINE_BAD);
+  static const char at_cap[] = "{\"payload\":1,\"max_attempts\":1000}";
+  CHECK_INT_EQ(check_line(at_cap, sizeof at_cap - 1, err, sizeof err), ENQUEUE_LINE_OK);
+  CHECK_INT_EQ(enqueue_check_key("tenant_id", "", 0, err, sizeof err), -1);
+  CHECK_INT_EQ(enqueue_check_run_after("--run-after", "2030-01-01", err, sizeof err), 0);
+  CHECK_INT_EQ(enqueue_check_run_after("--run-after", "infinityx", err, sizeof err), 0);
+}
+
 static const struct check_case cases[] = {
+  { "keys_and_numbers_out_of_bounds_are_refused", keys_and_numbers_out_of_bounds_are_refused },
   { "nul_byte_after_a_token_is_refused", nul_byte_after_a_token_is_refused },
   { "copy_row_escapes_copy_specials", copy_row_escapes_copy_specials },
   { NULL, NULL }

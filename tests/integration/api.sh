@@ -124,6 +124,89 @@ case_http_request_against_local_server() {
   assert_no_sanitizer_reports
 }
 
+# CR, LF, NUL or another control in the url, the method, a header name or a header value
+# (each), and header names or methods that are not tokens: every one raises a clear error
+# that does not quote the value, and nothing of it reaches the server (no smuggled request,
+# no injected header). A tab in a value and a token method still go through.
+case_http_refuses_crlf_and_nul_in_every_part() {
+  api_setup
+  http_start
+  local id
+  id=$(enqueue_one "{\"base\":\"$HTTP_URL\"}")
+  start_worker A "$API/http_hostile.lua" --concurrency 1 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 60 0
+  expect_done "$id"
+  assert_eq "variants tried" "$(row "$id" "jsonb_array_length(result->'variants')")" 37
+  assert_eq "variants that were sent" \
+    "$(row "$id" "(select string_agg(v->>'name', ',') from jsonb_array_elements(result->'variants') v where (v->>'ok')::boolean)")" ""
+  assert_eq "variants whose error is not leash.http.request's" \
+    "$(row "$id" "(select string_agg(v->>'name', ',') from jsonb_array_elements(result->'variants') v where v->>'err' not like '%leash.http.request: %')")" ""
+  assert_eq "errors quoting the secret" \
+    "$(row "$id" "(select count(*) from jsonb_array_elements(result->'variants') v where v->>'err' like '%SECRETVALUE%')")" 0
+  echo "# e.g. $(row "$id" "result->'variants'->0->>'err'")" >&2
+  assert_eq "clean request" "$(row "$id" "result->>'status' || ' ' || (result->>'method') || ' ' || (result->>'tab') || ' ' || (result->>'user') || '|' || (result->>'injected')")" $'200 PATCH a\tb alice|'
+  # The server saw exactly the one clean request: nothing smuggled, nothing sent early.
+  assert_eq "requests the server saw" "$(grep ' request ' "$HTTP_LOG" | awk '{print $3, $4}')" "PATCH /echo"
+  assert_not_contains "worker log" "$(worker_log A)" "SECRETVALUE"
+  assert_no_sanitizer_reports
+}
+
+# With --db-pool 1 each task gets the connection the last one used; whatever the last one
+# did to its session (a role, SET SESSION AUTHORIZATION, search_path, statement_timeout or
+# any SET, a temp table, a prepared statement, a LISTEN, session advisory locks, a WITH HOLD
+# cursor, a BEGIN left open) must not be seen by the next: it sees a new connection's state.
+case_pooled_session_state_never_reaches_the_next_task() {
+  api_setup
+  q "create role leash_other; create table side (s text); grant select, insert on side to leash_other" >/dev/null
+  t_on_exit q "drop owned by leash_other; drop role if exists leash_other"
+  local modes=(set_role session_auth search_path st0 set_config temp prepare listen advisory cursor begin app_name)
+  local m ids=() baseline
+  ids+=("$(enqueue_one '{"m":"who"}')")
+  for m in "${modes[@]}"; do
+    enqueue_one "{\"m\":\"$m\"}" >/dev/null
+    ids+=("$(enqueue_one '{"m":"who"}')")
+  done
+  start_worker A "$API/db_session.lua" --concurrency 1 --db-pool 1 --task-timeout 20 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 60 0
+  assert_eq "tasks not done" "$(q "select count(*) from agent_work_queue where status <> 'done'")" 0
+  # The misuses took effect in their own execution (else the test would prove nothing).
+  assert_eq "misuses that failed" \
+    "$(q "select string_agg(payload->>'m', ',') from agent_work_queue where payload->>'m' <> 'who' and result::text like '%\"err\"%'")" ""
+  assert_eq "one connection for every task" "$(q "select count(distinct result->>'pid') from agent_work_queue")" 1
+  baseline=$(row "${ids[0]}" "result - 'pid'")
+  echo "# baseline session: $baseline" >&2
+  assert_contains "baseline" "$baseline" '"st_set": true'
+  assert_contains "baseline" "$baseline" '"advisory": 0'
+  local i
+  for i in "${!modes[@]}"; do
+    assert_eq "session after ${modes[$i]}" "$(row "${ids[$((i + 1))]}" "result - 'pid'")" "$baseline"
+  done
+  assert_no_sanitizer_reports
+}
+
+# statement_timeout follows the task's time left and is set again before every statement:
+# SET statement_timeout = 0, RESET or set_config in the statement itself cannot let
+# pg_sleep(8) outlive --task-timeout 3. Each task ends as a retry near 3 s, not done at 8 s.
+case_db_statement_cannot_outlive_the_task_timeout() {
+  api_setup
+  local m
+  for m in set_then_sleep set_config_in_the_statement reset_then_sleep; do
+    enqueue_one "{\"m\":\"$m\"}" --max-attempts 1 >/dev/null
+  done
+  local t0 ms
+  t0=$(_t_now_us)
+  start_worker A "$API/db_sleep.lua" --concurrency 1 --db-pool 1 --task-timeout 3 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 40 0
+  ms=$((($(_t_now_us) - t0) / 1000))
+  echo "# three 8 s sleeps under --task-timeout 3 took ${ms} ms" >&2
+  assert_eq "tasks done" "$(q "select count(*) from agent_work_queue where status = 'done'")" 0
+  assert_eq "tasks ended within 5 s each" \
+    "$(q "select count(*) from agent_work_queue where finished_at - started_at < interval '5 s'")" 3
+  ((ms < 20000)) || fail "the three tasks took ${ms} ms"
+  assert_eq "sleeps still running" "$(q "select count(*) from pg_stat_activity where query like '%pg_sleep(8)%' and pid <> pg_backend_pid()")" 0
+  assert_no_sanitizer_reports
+}
+
 # A request in flight is aborted once the lease is lost: the row is taken away by SQL while
 # the task waits on /slow?ms=20000; the next heartbeat misses it and the transfer stops.
 case_http_aborted_when_lease_lost() {

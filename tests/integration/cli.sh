@@ -413,6 +413,55 @@ case_hostile_table_name_drops_nothing() {
     "$(q "select count(*) from pg_tables where schemaname = 'public' and tablename in ('t', 'q')")" 1
 }
 
+# Names that could leave their token in the migrations' SQL (a newline ends a "--" comment,
+# '$' a dollar-quoted body, '*/' a block comment) are refused by every command at option
+# parsing, before any connection: one error line (plus the usage hint), exit 2, nothing run.
+case_hostile_table_names_are_refused_by_every_command() {
+  need_pg
+  t_newdb
+  q 'create table victim (x int); insert into victim values (7)'
+  local long schema41 names=() name cmd
+  long=$(printf 'a%.0s' {1..64})
+  schema41=$(printf 's%.0s' {1..64}).q
+  names=(
+    $'x\nDROP TABLE IF EXISTS victim;--'
+    $'x\rDROP TABLE IF EXISTS victim;--'
+    $'x\tDROP TABLE IF EXISTS victim'
+    $'x\x01y' $'x\x1fy' $'x\x7fy' $'x\x1b[31mred'
+    'x*/ DROP TABLE IF EXISTS victim; /*'
+    'x/* y'
+    'x$$; DROP TABLE IF EXISTS victim; $$'
+    'x$body$ y'
+    '$1'
+    $'public.x\nDROP TABLE IF EXISTS victim;--'
+    $'pub\nlic.x'
+    'public.x$$y'
+    'a.b.c'
+    "$long"
+    "$schema41"
+    ''
+    '.x'
+    'x.'
+  )
+  for name in "${names[@]}"; do
+    for cmd in migrate "enqueue {}" status "inspect 1" "requeue --dead" report "prune --older-than 1d" \
+               "run $LEASH_SRC/tests/fixtures/api/check_good.lua --until-empty"; do
+      # shellcheck disable=SC2086
+      expect_exit 2 "$LEASH" --table "$name" $cmd
+      assert_eq "stderr lines for $cmd on $(printf %q "$name")" "$(lines_of "$T_ERR")" 2
+      assert_contains "says --table" "$(head -n1 "$T_ERR")" "leash: --table: "
+      assert_not_contains "no raw name echoed" "$(<"$T_ERR")" "DROP TABLE"
+    done
+    assert_eq "victim after $(printf %q "$name")" "$(q 'select x from victim')" 7
+  done
+  # The option after the command is checked the same way, before it connects.
+  for cmd in migrate status report; do
+    expect_exit 2 "$LEASH" $cmd --table $'x\nDROP TABLE IF EXISTS victim;--'
+    assert_contains "after $cmd" "$(head -n1 "$T_ERR")" "leash $cmd: --table: the name has a control"
+  done
+  assert_eq "tables in public" "$(q "select string_agg(tablename, ',') from pg_tables where schemaname = 'public'")" victim
+}
+
 case_unmigrated_table_is_refused() {
   need_pg
   t_newdb

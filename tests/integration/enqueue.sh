@@ -420,4 +420,118 @@ case_stdin_dash_reads_jsonl() {
   assert_eq "rows at the end" "$(rows)" 10004
 }
 
+# What the claim could not lease (an 8,000-byte shard key overflowed the one-lease-per-shard
+# index and stopped every cycle), or what would never run or never die (max_attempts in the
+# millions, run_after at infinity) is refused at enqueue, by flag and by line: one error
+# naming the flag or the line and field, nothing enqueued.
+case_out_of_bounds_values_are_refused_and_insert_nothing() {
+  need_pg
+  migrated_db
+  local k512 k513 args
+  k512=$(printf 'k%.0s' {1..512})
+  k513=${k512}k
+  # At the bounds: accepted.
+  expect_exit 0 "$LEASH" enqueue --tenant "$k512" --shard "$k512" --batch "$k512" --max-attempts 1000 '{}'
+  printf '{"payload":1,"tenant_id":"%s","shard_key":"%s","batch":"%s","max_attempts":1}\n' \
+    "$k512" "$k512" "$k512" >"$T_TMP/ok.jsonl"
+  expect_exit 0 "$LEASH" enqueue --file "$T_TMP/ok.jsonl"
+  assert_eq "rows at the bounds" "$(rows)" 2
+  # Flags past the bounds.
+  local flags=(
+    "--tenant $k513" "--shard $k513" "--batch $k513" "--batch ''" "--max-attempts 1001"
+    "--max-attempts 2147483647" "--run-after infinity" "--run-after -infinity"
+    "--run-after Infinity" "--run-after +INFINITY"
+  )
+  for args in "${flags[@]}"; do
+    # shellcheck disable=SC2086 # word splitting wanted
+    eval "expect_exit 2 \"\$LEASH\" enqueue $args '{}'"
+    assert_eq "${args:0:40}: one error line and the hint" "$(wc -l <"$T_ERR")" 2
+    assert_contains "${args:0:40}: names the flag" "$(head -n1 "$T_ERR")" "${args%% *}"
+  done
+  # Lines past the bounds, each after a good line: the file inserts nothing.
+  local lines=(
+    "{\"payload\":1,\"tenant_id\":\"$k513\"}|tenant_id"
+    "{\"payload\":1,\"shard_key\":\"$k513\"}|shard_key"
+    "{\"payload\":1,\"shard_key\":\"$(printf 'x%.0s' {1..8000})\"}|shard_key"
+    "{\"payload\":1,\"batch\":\"$k513\"}|batch"
+    '{"payload":1,"tenant_id":""}|tenant_id'
+    '{"payload":1,"max_attempts":1001}|max_attempts'
+    '{"payload":1,"max_attempts":2147483647}|max_attempts'
+    '{"payload":1,"max_attempts":0}|max_attempts'
+    '{"payload":1,"delay":1e20}|delay'
+    '{"payload":1,"delay":-1}|delay'
+    '{"payload":1,"run_after":"infinity"}|run_after'
+    '{"payload":1,"run_after":" -Infinity "}|run_after'
+  )
+  local entry line field
+  for entry in "${lines[@]}"; do
+    line=${entry%|*}
+    field=${entry##*|}
+    printf '%s\n' '{"payload":0}' "$line" >"$T_TMP/bad.jsonl"
+    expect_exit 2 "$LEASH" enqueue --file "$T_TMP/bad.jsonl"
+    assert_eq "$field: one error line and the hint" "$(wc -l <"$T_ERR")" 2
+    assert_contains "$field: names the line" "$(head -n1 "$T_ERR")" "bad.jsonl line 2: "
+    assert_contains "$field: names the field" "$(head -n1 "$T_ERR")" "\"$field\""
+    assert_contains "$field: nothing" "$(head -n1 "$T_ERR")" "nothing was enqueued"
+  done
+  assert_eq "rows at the end" "$(rows)" 2
+}
+
+# A line longer than --max-line-bytes (default 4M) is refused with its number, and nothing
+# is enqueued; the limit takes k/M/G units and bad sizes are usage errors.
+case_long_line_is_refused_and_inserts_nothing() {
+  need_pg
+  migrated_db
+  {
+    echo '{"payload":1}'
+    python3 -c 'import sys; sys.stdout.write("{\"payload\":\"" + "x" * (5 << 20) + "\"}\n")'
+    echo '{"payload":3}'
+  } >"$T_TMP/long.jsonl"
+  expect_exit 2 "$LEASH" enqueue --file "$T_TMP/long.jsonl"
+  assert_eq "error" "$(head -n1 "$T_ERR")" \
+    "leash enqueue: $T_TMP/long.jsonl line 2: longer than 4194304 bytes (--max-line-bytes); nothing was enqueued"
+  assert_eq "rows" "$(rows)" 0
+  expect_exit 2 "$LEASH" enqueue --max-line-bytes 1k --file - <"$T_TMP/long.jsonl"
+  assert_contains "stdin, 1k" "$(head -n1 "$T_ERR")" "stdin line 2: longer than 1024 bytes"
+  # The limit counts the line without its newline: 14 bytes fit in 14.
+  printf '%s\n' '{"payload":12}' '{"payload":1}' >"$T_TMP/exact.jsonl"
+  expect_exit 0 "$LEASH" enqueue --max-line-bytes 14 --file "$T_TMP/exact.jsonl"
+  expect_exit 2 "$LEASH" enqueue --max-line-bytes 13 --file "$T_TMP/exact.jsonl"
+  assert_contains "one over" "$(head -n1 "$T_ERR")" "line 1: longer than 13 bytes"
+  expect_exit 0 "$LEASH" enqueue --max-line-bytes 6M --file "$T_TMP/long.jsonl"
+  assert_eq "with 6M" "$(<"$T_OUT")" 3
+  local bad
+  for bad in 0 1 x 4X -1 2G 99999999999999999999 1.5M ''; do
+    expect_exit 2 "$LEASH" enqueue --max-line-bytes "$bad" --file "$T_TMP/exact.jsonl"
+    assert_contains "size $bad" "$(head -n1 "$T_ERR")" "--max-line-bytes must be a size"
+  done
+  assert_eq "rows at the end" "$(rows)" 5
+}
+
+# A read error is an error, never a short file: exit 1 and nothing enqueued, whether the
+# source is a directory (EISDIR), or a line too big for the memory left (ENOMEM, under
+# ulimit -v; it printed a prefix count before).
+case_read_error_is_an_error_and_inserts_nothing() {
+  need_pg
+  migrated_db
+  mkdir "$T_TMP/dir"
+  expect_exit 1 "$LEASH" enqueue --file "$T_TMP/dir"
+  assert_eq "directory" "$(<"$T_ERR")" \
+    "leash enqueue: cannot read $T_TMP/dir at line 1: Is a directory; nothing was enqueued"
+  assert_eq "stdout" "$(<"$T_OUT")" ""
+  if grep -qaE "__(a|t)san_init" "$LEASH" || [[ ${LEASH_VALGRIND:-0} == 1 ]]; then
+    echo "# skipping the ulimit -v part under a sanitizer" >&2
+  else
+    # 400 MB in one line through a pipe, with 300 MB of address space: the line cannot be
+    # held, and the good lines before and after it must not be enqueued either.
+    expect_exit 1 bash -c 'ulimit -v 300000
+      { echo "{\"payload\":1}"; head -c 400000000 /dev/zero | tr "\0" x; echo; echo "{\"payload\":3}"; } |
+        "$0" enqueue --max-line-bytes 1G --file -' "$LEASH"
+    assert_eq "out of memory" "$(head -n1 "$T_ERR")" \
+      "leash enqueue: cannot read stdin at line 2: Cannot allocate memory; nothing was enqueued"
+    assert_eq "stdout" "$(<"$T_OUT")" ""
+  fi
+  assert_eq "rows" "$(rows)" 0
+}
+
 t_run "$@"

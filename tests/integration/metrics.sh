@@ -66,6 +66,87 @@ case_metrics_count_tasks_and_health_follows_the_database() {
   assert_worker_exit M 30 0
 }
 
+# slow_clients PORT N SECONDS STATE: N sockets to the metrics port for SECONDS (loopback only,
+# bounded): half trickle a request header one byte every 2 s, half connect and send nothing;
+# a socket the server closes is opened again at once, as an attacker would. STATE gets
+# "open=<sockets open> cut=<closed by the server> cut_trickle=<of those, trickling ones>"
+# every half second.
+slow_clients() {
+  python3 - "$@" <<'PY'
+import socket, sys, time
+port, n, secs, state = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+end = time.monotonic() + secs
+socks, cut, cut_trickle = {}, 0, 0
+def connect(i):
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    s.setblocking(False)
+    socks[i] = [s, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10000, 0]
+for i in range(n):
+    connect(i)
+last_byte = last_state = 0.0
+while time.monotonic() < end:
+    now = time.monotonic()
+    for i, entry in list(socks.items()):
+        s = entry[0]
+        try:
+            if s.recv(4096) == b"":
+                raise ConnectionResetError
+        except BlockingIOError:
+            pass
+        except OSError:
+            s.close(); cut += 1; cut_trickle += i % 2 == 0
+            try:
+                connect(i)
+            except OSError:
+                del socks[i]
+            continue
+        if i % 2 == 0 and now - last_byte >= 2:
+            try:
+                s.send(entry[1][entry[2]:entry[2] + 1]); entry[2] += 1
+            except OSError:
+                pass
+    if now - last_byte >= 2:
+        last_byte = now
+    if now - last_state >= 0.5:
+        last_state = now
+        with open(state + ".tmp", "w") as f:
+            f.write(f"open={len(socks)} cut={cut} cut_trickle={cut_trickle}\n")
+        import os; os.replace(state + ".tmp", state)
+    time.sleep(0.05)
+PY
+}
+
+# 200 slow sockets (trickling one header byte every 2 s, or silent) must not starve the
+# port: /healthz answers every probe within 2 s while they hold their sockets, and each is
+# cut at the whole-request deadline (5 s) though it keeps sending bytes (an idle timer that
+# each byte resets never cut them: 40 such sockets failed 30 of 30 probes).
+case_slow_clients_cannot_starve_healthz() {
+  run_setup
+  local port state=$T_TMP/slow.state
+  port=$(free_port)
+  start_worker M "$FIX/noop.lua" --concurrency 1 --metrics "127.0.0.1:$port" --poll-ms 20-50
+  wait_for "/healthz" 30 eval "[[ \$(http_get $port /healthz | head -1) == 200 ]]"
+  slow_clients "$port" 200 40 "$state" 2>"$T_TMP/slow.err" &
+  local driver=$!
+  t_on_exit t_kill "$driver"
+  wait_for "200 slow sockets open" 20 grep -q '^open=200 ' "$state"
+  local i ok=0 code
+  for ((i = 0; i < 20; i++)); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$port/healthz" || true)
+    [[ $code == 200 ]] && ok=$((ok + 1))
+    sleep 0.25   # spread the probes over the slow clients' lives (not a wait for a condition)
+  done
+  assert_eq "/healthz probes answered" "$ok" 20
+  # The trickling half keeps sending and must be cut anyway (reopened sockets count again).
+  wait_for "slow sockets to be cut at the deadline" 20 \
+    eval "(( \$(sed -n 's/.*cut_trickle=\([0-9]*\).*/\1/p' '$state') >= 100 ))"
+  echo "# slow clients: $(<"$state")" >&2
+  assert_eq "/metrics still answers" "$(metric "$port" leash_slots)" 1
+  t_kill "$driver"
+  kill -TERM "${W_PID[M]}"
+  assert_worker_exit M 30 0
+}
+
 case_metrics_address_in_use_is_a_start_failure() {
   run_setup
   local port
