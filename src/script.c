@@ -85,7 +85,7 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
     snprintf(err, errlen, "cannot hash the script (out of memory)");
     goto fail;
   }
-  hash_part(s, path, text, len);
+  hash_part(s, "", text, len);   /* the main chunk: its text, not where it lies */
   const char *slash = strrchr(path, '/');
   if (slash)
     snprintf(s->dir, sizeof s->dir, "%.*s", (int)(slash - path), path);

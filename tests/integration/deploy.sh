@@ -525,11 +525,15 @@ case_configmap_update_hot_swaps_the_script() {
   kubelet_write "$vol" "$v3"
   wait_for "the broken update to be refused" 10 log_has W "refused, slots keep version $want"
 
-  # v4: only the module changes (lib/llm.lua): the script is reloaded with it.
+  # v4: only the module changes (lib/llm.lua): the script is reloaded with it, as a new
+  # version (the id covers the modules loaded with the script).
   cp -R "$v2" "$v4"
   printf '%s\n' '-- v4' >>"$v4/lib/llm.lua"
+  local want4
+  want4=$(cd "$v4" && _version "${script##*/}")
+  [[ $want4 != "$want" ]] || fail "a changed module kept the version $want"
   kubelet_write "$vol" "$v4"
-  wait_for "the module update to reload" 10 log_has W "modules reloaded"
+  wait_for "the module update to reload" 10 log_has W "hot swap (file change): slots load version $want4"
 
   # SIGTERM (what the kubelet sends first) drains and exits 0 within the grace period.
   local grace
