@@ -419,10 +419,11 @@ END $$;
 -- The reaper (002), now counting each expired lease as a crash: the worker died, froze or
 -- was wedged under it. The crash that reaches max_crashes quarantines the task; otherwise it
 -- goes back to pending (or dead when attempts are exhausted) as before. p_only limits it to
--- one row, for the fallback below. Returns what it did, as 002's did.
+-- one row, for the fallback below. Returns what it did, as 002's did, plus the cause written
+-- (crash or quarantined), which the host counts.
 DROP FUNCTION IF EXISTS {{obj:reap}}();
 CREATE FUNCTION {{obj:reap}}(p_only bigint DEFAULT NULL)
-RETURNS TABLE (id bigint, status text, tenant_id text, lease_owner text)
+RETURNS TABLE (id bigint, status text, tenant_id text, lease_owner text, cause text)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -457,7 +458,7 @@ BEGIN
                              || ' expired (it died, froze or was wedged)' END,
          locked_until = NULL, finished_at = now(), updated_at = now()
     FROM r WHERE q.id = r.id
-  RETURNING q.id, q.status, q.tenant_id, r.owner;
+  RETURNING q.id, q.status, q.tenant_id, r.owner, q.last_cause;
   IF FOUND THEN
     PERFORM pg_notify('leash_' || {{table_literal}}::regclass::oid::text, '');
   END IF;
@@ -467,7 +468,7 @@ END $$;
 -- error: one expired lease at a time, and one that cannot be reaped is set aside (dead,
 -- bad_row), so one row cannot stop reaping for all.
 CREATE FUNCTION {{obj:reap_rows}}()
-RETURNS TABLE (id bigint, status text, tenant_id text, lease_owner text)
+RETURNS TABLE (id bigint, status text, tenant_id text, lease_owner text, cause text)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -498,7 +499,7 @@ BEGIN
                last_error = 'bad row: its expired lease could not be reaped: ' || msg,
                finished_at = now(), updated_at = now()
          WHERE q.id = cand AND q.status = 'leased'
-        RETURNING q.id, q.status, q.tenant_id, q.lease_owner;
+        RETURNING q.id, q.status, q.tenant_id, q.lease_owner, q.last_cause;
       EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE;
         IF NOT {{obj:row_error}}(st) THEN

@@ -220,7 +220,7 @@ int host_run(const struct host_config *cfg)
   log_info("worker %s stopped: %lld claimed, %lld done, %lld retried, %lld dead, %lld lost, "
            "%lld late outcomes rejected", cfg->worker_id, atomic_load(&h.stats.claimed),
            atomic_load(&h.stats.done), atomic_load(&h.stats.retried),
-           atomic_load(&h.stats.dead), atomic_load(&h.stats.lost), atomic_load(&h.stats.late));
+           metrics_dead_total(&h.stats), atomic_load(&h.stats.lost), atomic_load(&h.stats.late));
 out:
   signals_stop(signals);
   reload_stop(h.reload);
@@ -410,7 +410,7 @@ static long long log_progress(struct dispatcher *d, long long before)
 {
   struct metrics_counters *c = &d->h->stats;
   long long done = atomic_load(&c->done), retried = atomic_load(&c->retried);
-  long long dead = atomic_load(&c->dead), settled = done + retried + dead;
+  long long dead = metrics_dead_total(c), settled = done + retried + dead;
   if (settled == before)
     return settled;
   pthread_mutex_lock(&d->h->mu);
@@ -664,11 +664,19 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
   if (applied == SETTLED_DONE) {
     atomic_fetch_add(&d->h->stats.done, 1);
     log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
-  } else if (applied == SETTLED_PENDING || applied == SETTLED_DEAD) {
-    /* The database decides: a retry with no attempt left was written dead. */
-    atomic_fetch_add(applied == SETTLED_PENDING ? &d->h->stats.retried : &d->h->stats.dead, 1);
-    log_task(LOG_INFO, d->h, t, "%s: %s", applied == SETTLED_PENDING ? "retry" : "dead",
-             t->out.error ? t->out.error : "");
+  } else if (applied == SETTLED_PENDING) {
+    atomic_fetch_add(&d->h->stats.retried, 1);
+    log_task(LOG_INFO, d->h, t, "retry: %s", t->out.error ? t->out.error : "");
+  } else if (applied >= SETTLED_DEAD) {
+    /* The database decides: a retry with no attempt left was written dead, a crash cause
+       that reached max_crashes quarantined, a row it could not write was set aside. */
+    enum dead_reason why = applied == SETTLED_QUARANTINED ? DEAD_QUARANTINED
+                           : applied == SETTLED_BAD_ROW   ? DEAD_BAD_ROW
+                           : t->out.kind == OUTCOME_FATAL ? DEAD_FATAL
+                                                          : DEAD_EXHAUSTED;
+    unsigned cause = (unsigned)t->out.cause < CAUSE_COUNT ? t->out.cause : CAUSE_NONE;
+    atomic_fetch_add(&d->h->stats.dead[why][cause], 1);
+    log_task(LOG_INFO, d->h, t, "dead: %s", t->out.error ? t->out.error : "");
   } else if (applied == SETTLED_LATE) {
     atomic_fetch_add(&d->h->stats.late, 1);
     log_task(LOG_WARN, d->h, t, "late outcome rejected (%s): the lease was no longer ours",
@@ -792,7 +800,8 @@ static void wedge_exit(struct dispatcher *d)
                     err, sizeof err) >= 0) {
       if (copy)
         wrote = applied[nsettle - 1] == SETTLED_PENDING ? "settled: retry (cause wedged)"
-                : applied[nsettle - 1] == SETTLED_DEAD  ? "settled: dead (cause wedged, no attempts left)"
+                : applied[nsettle - 1] == SETTLED_QUARANTINED ? "settled: dead (cause wedged, quarantined)"
+                : applied[nsettle - 1] >= SETTLED_DEAD  ? "settled: dead (cause wedged, no attempts left)"
                                                         : "settle rejected: the lease was no longer ours";
     } else {
       wrote = "could not be settled: its lease expires instead";

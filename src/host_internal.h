@@ -31,7 +31,7 @@ struct host {
   unsigned generation;          /* bumped with each new script text (reload.c) */
   char *script_text;            /* the script's text of that generation: slots load this, */
   size_t script_len;            /* not the file, which may have changed since the probe */
-  char version[SCRIPT_VERSION_LEN + 1];             /* the version loaded at start */
+  char version[SCRIPT_VERSION_LEN + 1];  /* the version the slots load (reload.c updates it) */
   struct reload *reload;        /* hot swap; the signal thread reads it (SIGHUP) under mu */
 
   /* The watchdog (watchdog.c) reads these; see struct slot_watch. */

@@ -231,7 +231,12 @@ static void reap(struct lease *l)
   if (!l->conn)
     return;
   char err[DB_ERR_MAX];
-  int n = queue_reap(l->q, l->conn, err, sizeof err);
+  long long dead[2] = { 0, 0 };
+  int n = queue_reap(l->q, l->conn, dead, err, sizeof err);
+  /* A reaped lease is a crash of its execution: dead ones are counted here, by the process
+     that reaped them (no other process saw them end). */
+  atomic_fetch_add(&l->h->stats.dead[DEAD_QUARANTINED][CAUSE_CRASH], dead[0]);
+  atomic_fetch_add(&l->h->stats.dead[DEAD_EXHAUSTED][CAUSE_CRASH], dead[1]);
   if (n < 0)
     drop_connection(l, err);
   else if (n > 0) {

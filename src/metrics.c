@@ -1,6 +1,8 @@
 /* metrics: counters, histograms and the HTTP endpoint. See metrics.h. */
 #include "metrics.h"
 
+#include "lifecycle.h"
+
 #include "host_internal.h"
 
 #include <microhttpd.h>
@@ -72,6 +74,15 @@ void metrics_counters_init(struct metrics_counters *c)
   atomic_store(&c->queue_runnable, -1);
   atomic_store(&c->queue_scheduled, -1);
   atomic_store(&c->queue_leased, -1);
+}
+
+long long metrics_dead_total(struct metrics_counters *c)
+{
+  long long n = 0;
+  for (int r = 0; r < DEAD_REASONS; r++)
+    for (int k = 0; k < CAUSE_COUNT; k++)
+      n += atomic_load(&c->dead[r][k]);
+  return n;
 }
 
 void histogram_observe(struct histogram *h, double seconds)
@@ -316,10 +327,9 @@ static void render(struct host *h, struct text *b)
     { "leash_tasks_claimed_total", "Tasks leased by this process.",
       offsetof(struct metrics_counters, claimed) },
     { "leash_tasks_done_total", "Tasks settled done.", offsetof(struct metrics_counters, done) },
-    { "leash_tasks_retried_total", "Tasks settled as a retry (pending again, or dead when exhausted).",
+    { "leash_tasks_retried_total", "Tasks settled as a retry and pending again (a retry with "
+      "no attempt left is in leash_tasks_dead_total, reason exhausted).",
       offsetof(struct metrics_counters, retried) },
-    { "leash_tasks_dead_total", "Tasks settled dead by leash.fatal.",
-      offsetof(struct metrics_counters, dead) },
     { "leash_leases_lost_total", "Tasks whose lease was lost; their outcome was discarded.",
       offsetof(struct metrics_counters, lost) },
     { "leash_late_outcomes_rejected_total", "Outcomes the fence rejected (the lease had moved on).",
@@ -330,6 +340,37 @@ static void render(struct host *h, struct text *b)
     put(b, "# HELP %s %s\n# TYPE %s counter\n%s %lld\n", counters[i].name, counters[i].help,
         counters[i].name, counters[i].name, (long long)atomic_load(v));
   }
+  /* Every task that went dead, whichever way: only the series seen so far, and fatal/exhausted
+     at 0 from the start, so an alert's rate() has a series before the first death. */
+  static const char *const reasons[DEAD_REASONS] = {
+    [DEAD_FATAL] = "fatal", [DEAD_EXHAUSTED] = "exhausted", [DEAD_QUARANTINED] = "quarantined",
+    [DEAD_BAD_ROW] = "bad_row",
+  };
+  put(b, "# HELP leash_tasks_dead_total Tasks that went dead, by reason (fatal, exhausted, "
+         "quarantined, bad_row) and the last execution's cause; reaped ones by the process "
+         "that reaped them.\n# TYPE leash_tasks_dead_total counter\n");
+  for (int r = 0; r < DEAD_REASONS; r++)
+    for (int k = 0; k < CAUSE_COUNT; k++) {
+      long long v = atomic_load(&c->dead[r][k]);
+      int always = (r == DEAD_FATAL && k == CAUSE_RETURNED) || (r == DEAD_EXHAUSTED && k == CAUSE_ERROR);
+      if (v || always)
+        put(b, "leash_tasks_dead_total{reason=\"%s\",cause=\"%s\"} %lld\n", reasons[r],
+            lifecycle_cause_name((enum outcome_cause)k), v);
+    }
+  put(b, "# HELP leash_script_reloads_total Hot swaps tried, by result.\n"
+         "# TYPE leash_script_reloads_total counter\n"
+         "leash_script_reloads_total{result=\"loaded\"} %lld\n"
+         "leash_script_reloads_total{result=\"refused\"} %lld\n",
+      (long long)atomic_load(&c->reloads_loaded), (long long)atomic_load(&c->reloads_refused));
+  pthread_mutex_lock(&h->mu);
+  char version[sizeof h->version];
+  memcpy(version, h->version, sizeof version);
+  pthread_mutex_unlock(&h->mu);
+  put(b, "# HELP leash_build_info The leash binary.\n# TYPE leash_build_info gauge\n"
+         "leash_build_info{version=\"%s\"} 1\n", LEASH_VERSION);
+  put(b, "# HELP leash_script_info The script version the slots load (SHA-256 over the script "
+         "and its modules).\n# TYPE leash_script_info gauge\n"
+         "leash_script_info{version=\"%s\"} 1\n", version);
   put(b, "# HELP leash_slots Slots (threads) in this process.\n# TYPE leash_slots gauge\n"
          "leash_slots %d\n", h->cfg->concurrency);
   put(b, "# HELP leash_slots_busy Slots running a task.\n# TYPE leash_slots_busy gauge\n"

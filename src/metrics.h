@@ -7,6 +7,8 @@
 #ifndef LEASH_METRICS_H
 #define LEASH_METRICS_H
 
+#include "outcome.h"
+
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -18,10 +20,23 @@ struct histogram {
   atomic_llong count;
 };
 
-/* Counters, explained where they are counted (host.c): each task settles exactly once as
-   done, retried or dead, or is counted lost (outcome discarded) or late (fence rejected). */
+/* Why a task went dead (the reason label of leash_tasks_dead_total; the cause label is the
+   last execution's cause, lifecycle.h). */
+enum dead_reason {
+  DEAD_FATAL,          /* leash.fatal, or the host's own fatal outcome */
+  DEAD_EXHAUSTED,      /* a retry, or a crash, with no attempt left */
+  DEAD_QUARANTINED,    /* crashed max_crashes times */
+  DEAD_BAD_ROW,        /* the row could not be settled and was set aside */
+  DEAD_REASONS
+};
+
+/* Counters, explained where they are counted (host.c, lease.c for reaps): each task settles
+   exactly once as done, retried (pending again) or dead, or is counted lost (outcome
+   discarded) or late (fence rejected). */
 struct metrics_counters {
-  atomic_llong claimed, done, retried, dead, lost, late;
+  atomic_llong claimed, done, retried, lost, late;
+  atomic_llong dead[DEAD_REASONS][CAUSE_COUNT];
+  atomic_llong reloads_loaded, reloads_refused;
   atomic_int busy_slots;
   struct histogram task_seconds, cycle_seconds, pickup_seconds;
   atomic_llong queue_runnable, queue_scheduled, queue_leased;   /* -1 until sampled */
@@ -30,6 +45,8 @@ struct metrics_counters {
 };
 
 void metrics_counters_init(struct metrics_counters *c);
+/* Every task this process saw go dead, whatever the reason. */
+long long metrics_dead_total(struct metrics_counters *c);
 void histogram_observe(struct histogram *h, double seconds);
 
 struct host;

@@ -41,8 +41,13 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   char *reap_rows = db_table_object(t, c, "reap_rows", 1);
   if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows)
     goto fail;
-  q->reap_sql = format_sql("SELECT count(*) FROM %s()", reap);
-  q->reap_rows_sql = format_sql("SELECT count(*) FROM %s()", reap_rows);
+  /* How many were reaped, and of those how many went dead as quarantined or exhausted. */
+#define REAP_COUNTS "SELECT count(*), count(*) FILTER (WHERE status = 'dead' AND cause = " \
+                    "'quarantined'), count(*) FILTER (WHERE status = 'dead' AND cause <> " \
+                    "'quarantined') FROM %s()"
+  q->reap_sql = format_sql(REAP_COUNTS, reap);
+  q->reap_rows_sql = format_sql(REAP_COUNTS, reap_rows);
+#undef REAP_COUNTS
   /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
   q->depth_sql = format_sql(
     "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), "
@@ -172,7 +177,8 @@ static int settle_arrays(struct task *list, int n, struct text a[SETTLE_ARRAYS])
 }
 
 /* Sets applied[i] (SETTLED_*) for each task of list from the cycle's settled rows (id in
-   column 1, attempt in 2, the status written in 9); tasks no row names stay SETTLED_LATE.
+   column 1, attempt in 2, the status written in 9, the cause in 10); tasks no row names stay
+   SETTLED_LATE.
    Returns 0, or -1 when out of memory. */
 static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
 {
@@ -192,8 +198,11 @@ static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
     if (k < 0)
       continue;
     const char *status = PQgetvalue(r, row, 9);
+    const char *cause = PQgetvalue(r, row, 10);
     applied[keys[k].pos] = strcmp(status, "done") == 0      ? SETTLED_DONE
                            : strcmp(status, "pending") == 0 ? SETTLED_PENDING
+                           : strcmp(cause, "quarantined") == 0 ? SETTLED_QUARANTINED
+                           : strcmp(cause, "bad_row") == 0 ? SETTLED_BAD_ROW
                                                             : SETTLED_DEAD;
   }
   free(keys);
@@ -350,7 +359,7 @@ int queue_row_error(const char *sqlstate)
   return 0;
 }
 
-int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen)
+int queue_reap(struct queue *q, PGconn *c, long long dead[2], char *err, size_t errlen)
 {
   PGresult *r = db_exec(c, q->reap_sql, 0, NULL, err, errlen);
   if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
@@ -360,6 +369,8 @@ int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen)
   if (!r)
     return -1;
   int n = atoi(PQgetvalue(r, 0, 0));
+  dead[0] = atoll(PQgetvalue(r, 0, 1));
+  dead[1] = atoll(PQgetvalue(r, 0, 2));
   PQclear(r);
   return n;
 }

@@ -27,7 +27,12 @@ void queue_free(struct queue *q);
 
 /* What the fenced write of one outcome did. SETTLED_LATE: it matched nothing (the lease was
    no longer ours); else the status the row got (a retry with no attempt left is dead). */
-enum { SETTLED_LATE = 0, SETTLED_DONE, SETTLED_PENDING, SETTLED_DEAD };
+enum {
+  SETTLED_LATE = 0, SETTLED_DONE, SETTLED_PENDING,
+  SETTLED_DEAD,          /* fatal, or a retry with no attempt left */
+  SETTLED_QUARANTINED,   /* a crash cause reached max_crashes */
+  SETTLED_BAD_ROW,       /* the row could not be settled and was set aside (010's fallback) */
+};
 
 /* One round trip: writes the outcomes of the first n tasks of list (applied[i], in list
    order, one of SETTLED_*) and leases up to `want` rows of the scope (new tasks in *out;
@@ -68,8 +73,9 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
 int queue_row_error(const char *sqlstate);
 
 /* Expired leases back to pending (or dead): each counts as a crash of the task, and the crash
-   that reaches its max_crashes quarantines it (dead). Returns how many, or -1. */
-int queue_reap(struct queue *q, PGconn *c, char *err, size_t errlen);
+   that reaches its max_crashes quarantines it (dead). Returns how many, or -1; dead[0] is how
+   many of them were quarantined, dead[1] how many went dead with their attempts exhausted. */
+int queue_reap(struct queue *q, PGconn *c, long long dead[2], char *err, size_t errlen);
 
 /* Gives leases back to pending without charging the attempt; returns how many, or -1. */
 int queue_release(struct queue *q, PGconn *c, const struct lease_key *keys, int n, char *err,

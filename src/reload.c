@@ -182,6 +182,7 @@ static void try_reload(struct reload *r, const char *why)
   size_t len = 0;
   if (reload_loaders_stuck() > 0) {
     /* Each stuck setup holds a core: do not pile up another behind it. A restart clears. */
+    atomic_fetch_add(&h->stats.reloads_refused, 1);
     log_error("hot swap (%s) refused, slots keep version %s: an earlier version's setup is "
               "still stuck; restart the worker to load a new version", why, r->version);
     return;
@@ -191,6 +192,7 @@ static void try_reload(struct reload *r, const char *why)
                                                     host_load_limit(h), err, sizeof err)
                               : NULL;
   if (!probe) {
+    atomic_fetch_add(&h->stats.reloads_refused, 1);
     log_error("hot swap (%s) refused, slots keep version %s: %s", why, r->version, err);
     free(text);
     return;
@@ -206,7 +208,9 @@ static void try_reload(struct reload *r, const char *why)
   h->script_text = text;
   h->script_len = len;
   h->generation++;
+  snprintf(h->version, sizeof h->version, "%s", r->version);   /* for leash_script_info */
   pthread_mutex_unlock(&h->mu);
+  atomic_fetch_add(&h->stats.reloads_loaded, 1);
   log_info("hot swap (%s): slots load version %s between tasks%s", why, r->version,
            changed ? "" : " (unchanged: setup runs again)");
 }

@@ -157,4 +157,34 @@ case_metrics_address_in_use_is_a_start_failure() {
   assert_contains "error" "$(<"$T_ERR")" "cannot listen"
 }
 
+# Every task that goes dead is counted, by reason and the last execution's cause: leash.fatal,
+# a retry with no attempt left (the commonest kind: it was missing before), and a lease the
+# reaper found expired that quarantined its task; the script's version is exported as info.
+case_dead_tasks_are_counted_by_reason_and_cause() {
+  run_setup
+  local port
+  port=$(free_port)
+  "$LEASH" enqueue '{"outcome":"fatal"}' >/dev/null
+  "$LEASH" enqueue --max-attempts 1 '{"outcome":"error"}' >/dev/null
+  local crashed
+  crashed=$("$LEASH" enqueue --max-crashes 1 '{}')
+  # A worker that died holding it: leased, its lease run out.
+  q "update agent_work_queue set status = 'leased', lease_owner = 'gone', attempts = 1,
+            locked_until = now() - interval '1 second' where id = $crashed" >/dev/null
+  start_worker M "$FIX/record.lua" --concurrency 2 --metrics "127.0.0.1:$port" --poll-ms 20-50
+  _dead() { metric "$port" "leash_tasks_dead_total{reason=\"$1\",cause=\"$2\"}"; }
+  wait_for "three dead tasks on /metrics" 30 \
+    eval '[[ $(_dead fatal returned) == 1 && $(_dead exhausted script_error) == 1 && $(_dead quarantined crash) == 1 ]]'
+  assert_eq "rows by status and cause" \
+    "$(q "select string_agg(status || ':' || last_cause, ',' order by id) from agent_work_queue")" \
+    "dead:returned,dead:script_error,dead:quarantined"
+  assert_eq "retried (pending again) counts none of them" "$(metric "$port" leash_tasks_retried_total)" 0
+  local v
+  v=$("$LEASH" check "$FIX/record.lua" | sed -E 's/.*\(version ([0-9a-f]+)\).*/\1/')
+  assert_eq "script info" "$(metric "$port" "leash_script_info{version=\"$v\"}")" 1
+  assert_eq "reloads so far" "$(metric "$port" 'leash_script_reloads_total{result="loaded"}')" 0
+  kill -TERM "${W_PID[M]}"
+  assert_worker_exit M 30 0
+}
+
 t_run "$@"
