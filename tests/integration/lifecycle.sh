@@ -61,6 +61,9 @@ _norm_result() {
       json=$(jq -cS . <<<"${line#result=}") || fail "result is not JSON: ${line#result=}"
       line="result=$json"
     fi
+    # PostgreSQL words its refusal of a result itself (and by server version): the prefix
+    # is the host's, the rest is compared by neither
+    [[ $line == "error=result cannot be stored: "* ]] && line="error=result cannot be stored: ..."
     printf '%s\n' "$line"
   done
 }
@@ -169,8 +172,10 @@ case_raised_errors_match() {
 case_contract_errors_match() {
   compare wrong_type wrong_type 4 default 1 \
           unstorable unstorable_result 4 default 1 \
-          mixed_keys unstorable_mixed_keys 4 default 1
+          mixed_keys unstorable_mixed_keys 4 default 1 \
+          nul unstorable_nul 4 default 1
   expect_record wrong_type status=pending cause=contract wait=32.000
+  expect_record nul status=pending cause=contract result= "error=result cannot be stored: ..."
   expect_record unstorable status=pending cause=contract \
     'error=leash.ok: result cannot be stored as JSON: cannot encode a function at $.f'
   expect_record mixed_keys status=pending cause=contract \

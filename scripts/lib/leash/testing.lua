@@ -34,10 +34,11 @@
 ---
 --- Not mirrored: real SQL (a query is answered by the first handler whose pattern is a
 --- plain substring of the SQL; none → the query raises), parameter conversion (handlers get
---- the Lua values), time limits and memory caps, PostgreSQL's own refusals of a result
---- (jsonb refuses "\u0000"), and the position in an argument error of a fake leash
---- function called as a tail call (`return leash.retry("x", 0/0)`: the fakes are Lua, so
---- the tail call drops the caller's line, which the host's C functions keep).
+--- the Lua values), time limits and memory caps, PostgreSQL's wording when it refuses a
+--- result (the kit refuses what jsonb does, a "\u0000", in its own words), and the
+--- position in an argument error of a fake leash function called as a tail call (`return
+--- leash.retry("x", 0/0)`: the fakes are Lua, so the tail call drops the caller's line,
+--- which the host's C functions keep).
 local dkjson = require "dkjson"
 
 local testing = {}
@@ -532,6 +533,20 @@ local function number_text(d)
   return string.format("%g", d)
 end
 
+-- True when JSON text holds the escape \u0000 (a NUL), not an escaped backslash before
+-- "u0000": the backslashes before the "u" must be odd in number.
+local function holds_nul_escape(text)
+  local from = 1
+  while true do
+    local i = text:find("u0000", from, true)
+    if not i then return false end
+    local j = i - 1
+    while j >= 1 and text:byte(j) == 92 do j = j - 1 end
+    if (i - 1 - j) % 2 == 1 then return true end
+    from = i + 1
+  end
+end
+
 -- The host's mapping of what handle gave back (SPEC.md, "The Lua contract"); res is the
 -- packed results of xpcall.
 local function outcome(res, max_result_bytes)
@@ -563,6 +578,13 @@ local function outcome(res, max_result_bytes)
         if not enc_ok then
           return { status = "retry", cause = "contract", contract = true,
                    error = "leash.ok: result cannot be stored as JSON: " .. err }
+        end
+        -- JSON can say NUL but jsonb cannot hold it: the host's settle fails and the
+        -- attempt is a contract retry (host.c, settle_one_by_one); the rest of the host's
+        -- message is PostgreSQL's.
+        if holds_nul_escape(err) then
+          return { status = "retry", cause = "contract", contract = true,
+                   error = "result cannot be stored: jsonb cannot hold \\u0000 (a NUL in a string)" }
         end
         local max = max_result_bytes or MAX_RESULT_BYTES
         if #err > max then
