@@ -113,6 +113,7 @@ compare() {
     shift 5
   done
   [[ -z $diffs ]] || fail "the kit and the host disagree:"$'\n'"$diffs"
+  assert_no_sanitizer_reports
 }
 
 # expect_record CASE FIELD=VALUE...: the host's record (compare ran) holds each line: what
