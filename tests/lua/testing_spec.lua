@@ -408,3 +408,98 @@ describe("leash.testing clock, enqueue, json", function()
     assert.truthy(err:find("json.decode", 1, true))
   end)
 end)
+
+-- The cause is the host's last_cause (src/lifecycle.c's names), so a spec can tell a script's
+-- own retry from a raised error or a broken answer; tests/integration/lifecycle.sh checks the
+-- same scripts against the rows the host writes.
+describe("leash.testing causes and the lifecycle policy", function()
+  local cases = {
+    { "returns nothing", "return", "done", "none" },
+    { "returns leash.ok(result)", "return leash.ok({ n = 1 })", "done", "none" },
+    { "returns false, msg", "return false, 'no'", "retry", "returned" },
+    { "returns false alone", "return false", "retry", "returned" },
+    { "returns nil, msg", "return nil, 'no'", "retry", "returned" },
+    { "returns leash.retry(msg)", "return leash.retry('later')", "retry", "returned" },
+    { "returns leash.retry(msg, delay)", "return leash.retry('later', 5)", "retry", "returned" },
+    { "returns leash.fatal(msg)", "return leash.fatal('never')", "dead", "returned" },
+    { "raises a string", "error('boom')", "retry", "script_error" },
+    { "raises a table", "error({})", "retry", "script_error" },
+    { "calls leash.retry with a NaN delay", "local r = leash.retry('x', 0/0) return r", "retry",
+      "script_error" },
+    { "sets a negative delay by hand", "local r = leash.retry('x') r.delay = -1 return r", "retry",
+      "contract" },
+    { "returns a wrong type", "return 42", "retry", "contract" },
+    { "returns a result JSON cannot hold", "return leash.ok({ f = print })", "retry", "contract" },
+    { "returns an answer whose message cannot be read",
+      "return nil, setmetatable({}, { __tostring = function() return {} end })", "retry", "contract" },
+  }
+  for _, c in ipairs(cases) do
+    it(c[1] .. " -> " .. c[3] .. ", cause " .. c[4], function()
+      local out = script(c[2]):run({ attempt = 1, max_attempts = 8 })
+      assert.equal(c[3], out.status)
+      assert.equal(c[4], out.cause)
+    end)
+  end
+
+  it("names a result over max_result_bytes a memory cause", function()
+    local out = script("return leash.ok({ s = string.rep('x', 100) })", { max_result_bytes = 50 })
+      :run({})
+    assert.equal("retry", out.status)
+    assert.equal("memory", out.cause)
+  end)
+
+  it("computes the backoff least(3600, 2^attempt) for a retry without a delay", function()
+    assert.equal(2, testing.backoff(1))
+    assert.equal(2048, testing.backoff(11))
+    assert.equal(3600, testing.backoff(12))
+    assert.equal(3600, testing.BACKOFF_CAP)
+    local h = script("return leash.retry('x')")
+    assert.equal(32, h:run({ attempt = 5 }).backoff)
+    local delayed = script("return leash.retry('x', 7)"):run({ attempt = 5 })
+    assert.equal(7, delayed.delay)
+    assert.is_nil(delayed.backoff)
+  end)
+
+  it("makes a retry on the last attempt dead, exhausted, keeping its cause", function()
+    assert.equal(8, testing.DEFAULT_MAX_ATTEMPTS)
+    local h = script("error('boom')")
+    local before = h:run({ attempt = testing.DEFAULT_MAX_ATTEMPTS - 1 })
+    assert.equal("retry", before.status)
+    assert.is_nil(before.exhausted)
+    local last = h:run({ attempt = testing.DEFAULT_MAX_ATTEMPTS })
+    assert.equal("dead", last.status)
+    assert.is_true(last.exhausted)
+    assert.equal("script_error", last.cause)
+    local fatal = script("return leash.fatal('x')"):run({ attempt = 1 })
+    assert.is_nil(fatal.exhausted)
+  end)
+
+  it("settles through the backoff: the clock moves by 2 + 4 + ... until exhausted", function()
+    local h = script("return leash.retry('x')")
+    local start = h.clock
+    local out = h:settle({ max_attempts = 4 })
+    assert.equal("dead", out.status)
+    assert.equal(4, #out.history)
+    assert.equal(start + 2 + 4 + 8, h.clock)
+  end)
+
+  it("words JSON errors as the host does: what, then the path", function()
+    local ok, err = pcall(testing.json.encode, { a = { 1, { f = print } } })
+    assert.is_false(ok)
+    assert.equal("cannot encode a function at $.a[2].f", err)
+    ok, err = pcall(testing.json.encode, { ["two words"] = { 1, x = 2 } })
+    assert.equal('cannot encode table key "x" at $["two words"]: the table mixes integer and string keys', err)
+    ok, err = pcall(testing.json.encode, { [1] = 1, [3] = 3 })
+    assert.equal("cannot encode table key 3 at $: keys must be exactly 1..n, but only 2 of 1..3 are present", err)
+  end)
+end)
+
+describe("leash.testing results the database refuses", function()
+  it("makes a result holding NUL a contract retry, as jsonb refuses \\u0000", function()
+    local out = script("return leash.ok({ s = 'a\\0b' })"):run({})
+    assert.equal("retry", out.status)
+    assert.equal("contract", out.cause)
+    assert.truthy(out.error:find("result cannot be stored", 1, true), out.error)
+    assert.equal("done", script("return leash.ok({ s = 'a\\\\u0000b' })"):run({}).status)
+  end)
+end)

@@ -19,6 +19,8 @@
 ---     of those loading left (chunk-level locals are what persists);
 ---   * require "x.y" loads x/y.lua from the script's folder, then each opts.lua_path folder,
 ---     once per harness (like once per slot);
+---   * every outcome carries the host's cause (out.cause, the row's last_cause), and a retry
+---     without a delay the backoff the host would wait (out.backoff);
 ---   * outcomes: nothing/nil/true/leash.ok → done (the result must encode as JSON, within
 ---     opts.max_result_bytes, default 16 MB); nil, msg / false, msg / leash.retry / a raised
 ---     error / any other return value → retry; leash.fatal → dead; a retry delay must be a
@@ -32,7 +34,11 @@
 ---
 --- Not mirrored: real SQL (a query is answered by the first handler whose pattern is a
 --- plain substring of the SQL; none → the query raises), parameter conversion (handlers get
---- the Lua values), time limits and memory caps.
+--- the Lua values), time limits and memory caps, PostgreSQL's wording when it refuses a
+--- result (the kit refuses what jsonb does, a "\u0000", in its own words), and the
+--- position in an argument error of a fake leash function called as a tail call (`return
+--- leash.retry("x", 0/0)`: the fakes are Lua, so the tail call drops the caller's line,
+--- which the host's C functions keep).
 local dkjson = require "dkjson"
 
 local testing = {}
@@ -56,6 +62,40 @@ local function encode_string(s)
   end) .. '"'
 end
 
+-- Error texts as the host's (src/json_lua.c): "what at PATH", the path $.name, $[2] or
+-- $["two words"]; a key shown as "name", 3, 1.5, true or (a table).
+local function is_identifier(k)
+  return #k <= 64 and k:find("^[%a_][%w_]*$") ~= nil
+end
+
+local function quote_key(k)
+  local shown = #k > 64 and k:sub(1, 64) or k
+  local ascii_only = not utf8_ok(shown)
+  shown = shown:gsub('["\\]', "\\%0"):gsub("[%c\127]", "?")
+  if ascii_only then shown = shown:gsub("[\128-\255]", "?") end
+  return '"' .. shown .. (#k > 64 and "..." or "") .. '"'
+end
+
+local function describe_key(k)
+  if type(k) == "string" then return quote_key(k) end
+  if math.type(k) == "integer" then return string.format("%d", k) end
+  if type(k) == "number" then return string.format("%.14g", k) end
+  if type(k) == "boolean" then return tostring(k) end
+  return "(a " .. type(k) .. ")"
+end
+
+local function child_path(path, k)
+  if type(k) ~= "string" then return path .. "[" .. k .. "]" end
+  if is_identifier(k) then return path .. "." .. k end
+  return path .. "[" .. quote_key(k) .. "]"
+end
+
+local function fail_at(path, what) error(what .. " at " .. path, 0) end
+
+local function key_error(path, k, why)
+  error("cannot encode table key " .. describe_key(k) .. " at " .. path .. ": " .. why, 0)
+end
+
 local function encode_value(v, path, depth, out)
   local t = type(v)
   if v == nil or v == NULL then
@@ -66,50 +106,52 @@ local function encode_value(v, path, depth, out)
     if math.type(v) == "integer" then
       out[#out + 1] = string.format("%d", v)
     else
-      if v ~= v then error(path .. ": cannot encode NaN", 0) end
-      if v == math.huge then error(path .. ": cannot encode inf", 0) end
-      if v == -math.huge then error(path .. ": cannot encode -inf", 0) end
+      if v ~= v then fail_at(path, "cannot encode NaN") end
+      if v == math.huge then fail_at(path, "cannot encode inf") end
+      if v == -math.huge then fail_at(path, "cannot encode -inf") end
       local s = string.format("%.17g", v)
       if not s:find("[%.eEn]") then s = s .. ".0" end
       out[#out + 1] = s
     end
   elseif t == "string" then
-    if not utf8_ok(v) then error(path .. ": invalid UTF-8 in string", 0) end
+    local _, bad = utf8.len(v)
+    if bad then fail_at(path, "invalid UTF-8 in string (byte " .. bad .. ")") end
     out[#out + 1] = encode_string(v)
   elseif t == "table" then
     if depth >= MAX_DEPTH then
-      error(path .. ": cannot encode tables nested deeper than " .. MAX_DEPTH
-            .. " levels (a cycle?)", 0)
+      fail_at(path, "cannot encode tables nested deeper than " .. MAX_DEPTH .. " levels (a cycle?)")
     end
     local marked = getmetatable(v) == ARRAY_MT
     local nint, nstr, maxkey = 0, 0, 0
-    local keys = {}
+    local keys, first_int = {}, nil
     for k in next, v do
       if type(k) == "string" then
         nstr = nstr + 1
         keys[#keys + 1] = k
       elseif math.type(k) == "integer" and k >= 1 then
         nint = nint + 1
+        first_int = first_int or k
         if k > maxkey then maxkey = k end
       else
-        error(path .. ": key " .. tostring(k) .. ": keys must be all strings or exactly 1..n", 0)
+        key_error(path, k, "keys must be all strings or exactly 1..n")
       end
     end
     if marked and nstr > 0 then
-      error(path .. ": key " .. keys[1] .. ": a json.array table holds only keys 1..n", 0)
+      key_error(path, keys[1], "a json.array table holds only keys 1..n")
     end
     if nint > 0 and nstr > 0 then
-      error(path .. ": the table mixes integer and string keys", 0)
+      -- the rarer kind is the likelier mistake: {1, 2, 3, x = 1} names "x"
+      key_error(path, nstr <= nint and keys[1] or first_int, "the table mixes integer and string keys")
     end
     if nint > 0 and maxkey ~= nint then
-      error(path .. ": key " .. maxkey .. ": keys must be exactly 1..n, but only " .. nint
-            .. " of 1.." .. maxkey .. " are present", 0)
+      key_error(path, maxkey, "keys must be exactly 1..n, but only " .. nint .. " of 1.."
+                .. maxkey .. " are present")
     end
     if marked or nint > 0 then
       out[#out + 1] = "["
       for i = 1, nint do
         if i > 1 then out[#out + 1] = "," end
-        encode_value(rawget(v, i), path .. "[" .. i .. "]", depth + 1, out)
+        encode_value(rawget(v, i), child_path(path, i), depth + 1, out)
       end
       out[#out + 1] = "]"
     else
@@ -117,15 +159,20 @@ local function encode_value(v, path, depth, out)
       out[#out + 1] = "{"
       for i, k in ipairs(keys) do
         if i > 1 then out[#out + 1] = "," end
-        if not utf8_ok(k) then error(path .. ": invalid UTF-8 in a key", 0) end
+        local kpath = child_path(path, k)
+        local _, bad = utf8.len(k)
+        if bad then fail_at(kpath, "invalid UTF-8 in table key (byte " .. bad .. ")") end
+        if k:find("\0", 1, true) then
+          fail_at(kpath, "NUL in table key (byte " .. k:find("\0", 1, true) .. ")")
+        end
         out[#out + 1] = encode_string(k)
         out[#out + 1] = ":"
-        encode_value(rawget(v, k), path .. "." .. k, depth + 1, out)
+        encode_value(rawget(v, k), kpath, depth + 1, out)
       end
       out[#out + 1] = "}"
     end
   else
-    error(path .. ": cannot encode a " .. t, 0)
+    fail_at(path, "cannot encode a " .. t)
   end
 end
 
@@ -448,7 +495,19 @@ local function task_env(h)
 end
 
 -- ------------------------------------------------------------------ outcomes
+-- src/lifecycle.h's policy; tests/integration/lifecycle.sh checks these against the header,
+-- the table's column default and the rows the host writes.
+local BACKOFF_BASE = 2            -- LIFECYCLE_BACKOFF_BASE
 local BACKOFF_CAP = 3600          -- LIFECYCLE_BACKOFF_CAP_S
+local DEFAULT_MAX_ATTEMPTS = 8    -- LIFECYCLE_DEFAULT_MAX_ATTEMPTS
+testing.BACKOFF_CAP = BACKOFF_CAP
+testing.DEFAULT_MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
+
+--- The wait in seconds before the next attempt after a retry without a delay on attempt
+--- `attempts` (the row's attempts counts the one that just ran): least(3600, 2^attempts).
+function testing.backoff(attempts)
+  return math.min(BACKOFF_CAP, BACKOFF_BASE ^ attempts)
+end
 local MAX_RESULT_BYTES = 16 * 1024 * 1024
 
 -- As the host's: a string (or number) gets a traceback; a value with __tostring is shown by
@@ -474,24 +533,41 @@ local function number_text(d)
   return string.format("%g", d)
 end
 
+-- True when JSON text holds the escape \u0000 (a NUL), not an escaped backslash before
+-- "u0000": the backslashes before the "u" must be odd in number.
+local function holds_nul_escape(text)
+  local from = 1
+  while true do
+    local i = text:find("u0000", from, true)
+    if not i then return false end
+    local j = i - 1
+    while j >= 1 and text:byte(j) == 92 do j = j - 1 end
+    if (i - 1 - j) % 2 == 1 then return true end
+    from = i + 1
+  end
+end
+
 -- The host's mapping of what handle gave back (SPEC.md, "The Lua contract"); res is the
 -- packed results of xpcall.
 local function outcome(res, max_result_bytes)
   local ok, a, b = res[1], res[2], res[3]
-  if not ok then return { status = "retry", error = a, raised = true } end
+  if not ok then return { status = "retry", cause = "script_error", error = a, raised = true } end
   -- nil, msg is a failure with msg (the Lua idiom); false, msg the same
   local failed = a == false or (a == nil and res.n >= 3 and b ~= nil)
-  if not failed and (res.n == 1 or a == nil or a == true) then return { status = "done" } end
+  if not failed and (res.n == 1 or a == nil or a == true) then
+    return { status = "done", cause = "none" }
+  end
   if failed then
     if res.n >= 3 and b ~= nil then
       local t_ok, text = pcall(tostring, b)
       if not t_ok or (type(text) ~= "string" and type(text) ~= "number") then
-        return { status = "retry", contract = true, error = "handle's answer could not be read: "
+        return { status = "retry", cause = "contract", contract = true,
+                 error = "handle's answer could not be read: "
                  .. (t_ok and "'__tostring' must return a string" or tostring(text)) }
       end
-      return { status = "retry", error = tostring(text) }
+      return { status = "retry", cause = "returned", error = tostring(text) }
     end
-    return { status = "retry", error = "handle returned false" }
+    return { status = "retry", cause = "returned", error = "handle returned false" }
   end
   if type(a) == "table" and getmetatable(a) == OUTCOME then
     local kind = rawget(a, "kind")
@@ -500,15 +576,24 @@ local function outcome(res, max_result_bytes)
       if result ~= nil then
         local enc_ok, err = pcall(json_encode, result)
         if not enc_ok then
-          return { status = "retry", error = "leash.ok: result cannot be stored as JSON: " .. err }
+          return { status = "retry", cause = "contract", contract = true,
+                   error = "leash.ok: result cannot be stored as JSON: " .. err }
+        end
+        -- JSON can say NUL but jsonb cannot hold it: the host's settle fails and the
+        -- attempt is a contract retry (host.c, settle_one_by_one); the rest of the host's
+        -- message is PostgreSQL's.
+        if holds_nul_escape(err) then
+          return { status = "retry", cause = "contract", contract = true,
+                   error = "result cannot be stored: jsonb cannot hold \\u0000 (a NUL in a string)" }
         end
         local max = max_result_bytes or MAX_RESULT_BYTES
         if #err > max then
-          return { status = "retry", error = "leash.ok: result too large to store (--max-result-bytes): "
+          return { status = "retry", cause = "memory",
+                   error = "leash.ok: result too large to store (--max-result-bytes): "
                    .. "the JSON text is larger than the limit of " .. max .. " bytes" }
         end
       end
-      return { status = "done", result = result }
+      return { status = "done", cause = "none", result = result }
     end
     local message = rawget(a, "message")
     if type(message) ~= "string" then message = kind end
@@ -517,18 +602,19 @@ local function outcome(res, max_result_bytes)
       if delay ~= nil then
         if type(delay) ~= "number" or not (delay >= 0) or delay == math.huge then
           local got = type(delay) == "number" and number_text(delay) or "a " .. type(delay)
-          return { status = "retry", contract = true,
+          return { status = "retry", cause = "contract", contract = true,
                    error = "retry delay must be a finite number of seconds >= 0, not " .. got
                            .. " (message: " .. message .. ")" }
         end
         -- past the backoff cap it is cut to the cap, as the host does
         delay = math.min(delay, BACKOFF_CAP)
       end
-      return { status = "retry", error = message, delay = delay }
+      return { status = "retry", cause = "returned", error = message, delay = delay }
     end
-    if kind == "fatal" then return { status = "dead", error = message, fatal = true } end
+    if kind == "fatal" then return { status = "dead", cause = "returned", error = message, fatal = true } end
   end
-  return { status = "retry", error = "handle returned a " .. type(a) .. CONTRACT, contract = true }
+  return { status = "retry", cause = "contract", error = "handle returned a " .. type(a) .. CONTRACT,
+           contract = true }
 end
 
 local function install(h, mod, path)
@@ -569,13 +655,18 @@ local function new_harness(dir, opts)
   h.env = new_env(h)
 
   --- Runs handle on a task built from t (defaults fill id, tenant, shard, attempt…) and
-  --- returns { status = "done"|"retry"|"dead", result, error, delay, attempt }.
+  --- returns { status = "done"|"retry"|"dead", cause, result, error, delay, backoff,
+  --- attempt, exhausted }. cause is the host's name for why (the row's last_cause):
+  --- "none" (done), "returned" (false/nil with a message, leash.retry, leash.fatal),
+  --- "script_error" (raised), "contract" (a wrong answer, a bad delay, a result JSON
+  --- cannot hold), "memory" (a result over max_result_bytes). A retry without a delay has
+  --- backoff = testing.backoff(attempt); a retry on the last attempt is dead, exhausted.
   function h:run(t)
     t = t or {}
     local task = {
       id = t.id or 1, tenant_id = t.tenant_id or "default", shard_key = t.shard_key or "task:" .. (t.id or 1),
       payload = t.payload == nil and {} or t.payload, attempt = t.attempt or 1,
-      max_attempts = t.max_attempts or 8, worker_id = t.worker_id or "test", batch = t.batch,
+      max_attempts = t.max_attempts or DEFAULT_MAX_ATTEMPTS, worker_id = t.worker_id or "test", batch = t.batch,
     }
     function task.lease_lost() return h.lease_lost == true end
     self.task_env = task_env(self)
@@ -585,7 +676,10 @@ local function new_harness(dir, opts)
     local out = outcome(table.pack(xpcall(self.handle, message_handler, task)), opts.max_result_bytes)
     self.task = nil
     out.attempt = task.attempt
-    if out.status == "retry" and task.attempt >= task.max_attempts then out.status = "dead" end
+    if out.status == "retry" and out.delay == nil then out.backoff = testing.backoff(task.attempt) end
+    if out.status == "retry" and task.attempt >= task.max_attempts then
+      out.status, out.exhausted = "dead", true
+    end
     return out
   end
 
@@ -606,7 +700,7 @@ local function new_harness(dir, opts)
         out.history = history
         return out
       end
-      self.clock = self.clock + (out.delay or math.min(3600, 2 ^ attempt))
+      self.clock = self.clock + (out.delay or out.backoff)
       attempt = attempt + 1
     end
   end
