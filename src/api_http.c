@@ -7,7 +7,7 @@
  */
 #include "api.h"
 
-#include "script.h"
+#include "task_context.h"
 
 #include <curl/curl.h>
 #include <lauxlib.h>
@@ -31,7 +31,6 @@ struct http_call {
   struct growbuf body, head;
   struct task *task;
   atomic_int *stopping;
-  double deadline;              /* monotonic, 0 = none */
   const char *aborted;          /* why the progress callback stopped the transfer */
   int too_big;
 };
@@ -97,16 +96,15 @@ static int l_request(lua_State *L)
   lua_getfield(L, 1, "headers");                  /* 6 */
   if (!lua_isnil(L, 6))
     luaL_checktype(L, 6, LUA_TTABLE);
-  script_check_live(L, "leash.http.request");
+  taskctx_check_live(L, "leash.http.request");
 
-  struct script *s = script_of(L);
-  const struct script_host *h = script_host_of(s);
+  const struct task_ctx *ctx = taskctx_of(L);
   struct http_call *call = lua_newuserdatauv(L, sizeof *call, 0);   /* 7 */
   memset(call, 0, sizeof *call);
   luaL_setmetatable(L, HTTP_CALL_MT);
-  call->task = script_task(s);
-  call->stopping = h->stopping;
-  double left = script_time_left(s);
+  call->task = ctx->task;
+  call->stopping = ctx->host->stopping;
+  double left = taskctx_time_left(ctx);
   if (left < timeout)
     timeout = left > 0.001 ? left : 0.001;
   call->curl = curl_easy_init();

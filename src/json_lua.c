@@ -1,6 +1,8 @@
 /* json_lua: JSON <-> Lua conversion on jansson. See json_lua.h. */
 #include "json_lua.h"
 
+#include "luatext.h"
+
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
@@ -31,7 +33,6 @@ struct encoder {
 static void push_array_mt(lua_State *L);
 static void push_value(lua_State *L, const json_t *j, int mt);
 static int push_json_protected(lua_State *L);
-static int push_string_protected(lua_State *L);
 static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *err,
                        size_t errlen);
 static int count_bytes(struct encoder *e, int depth, size_t n);
@@ -789,30 +790,7 @@ static int l_json_encode(lua_State *L)
   text = jsonlua_encode(L, 1, err, sizeof err);
   if (text == NULL)
     return luaL_error(L, "json.encode: %s", err);
-  jsonlua_pushfree(L, text);
-  return 1;
-}
-
-void jsonlua_pushfree(lua_State *L, char *text)
-{
-  int status;
-  /* text is malloc'd: push it under protection so a memory error cannot leak it */
-  if (!lua_checkstack(L, 2)) {
-    free(text);
-    luaL_error(L, "not enough memory");
-  }
-  lua_pushcfunction(L, push_string_protected);
-  lua_pushlightuserdata(L, text);
-  status = lua_pcall(L, 1, 1, 0);
-  free(text);
-  if (status != LUA_OK)
-    lua_error(L);
-}
-
-/* Protected body of l_json_encode's push: arg 1 is a borrowed C string. */
-static int push_string_protected(lua_State *L)
-{
-  lua_pushstring(L, lua_touserdata(L, 1));
+  luatext_pushfree(L, text);
   return 1;
 }
 
