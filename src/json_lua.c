@@ -2,6 +2,7 @@
 #include "json_lua.h"
 
 #include "luatext.h"
+#include "textbuf.h"
 
 #include <lauxlib.h>
 #include <limits.h>
@@ -302,32 +303,19 @@ static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *er
 
 /* The text being dumped; the dump fails once it would pass max. */
 struct bounded_buf {
-  char *s;
-  size_t len, cap, max;
+  struct textbuf t;
+  size_t max;
   int too_big;
 };
 
 static int dump_bounded(const char *buf, size_t size, void *data)
 {
   struct bounded_buf *b = data;
-  if (b->max && b->len + size > b->max) {
+  if (b->max && b->t.len + size > b->max) {
     b->too_big = 1;
     return -1;
   }
-  if (b->len + size + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + size + 1)
-      cap *= 2;
-    char *ns = realloc(b->s, cap);
-    if (ns == NULL)
-      return -1;
-    b->s = ns;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->len, buf, size);
-  b->len += size;
-  b->s[b->len] = '\0';
-  return 0;
+  return textbuf_add(&b->t, buf, size);
 }
 
 char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *err,
@@ -335,7 +323,7 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
 {
   int big = 0;
   json_t *j = to_json(L, idx, max, &big, err, errlen);
-  struct bounded_buf b = { NULL, 0, 0, max, 0 };
+  struct bounded_buf b = { .max = max };
   if (too_big)
     *too_big = big;
   if (j == NULL)
@@ -344,9 +332,8 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
      leash does. The callback stops the dump as soon as the text would pass max, so a value
      that grows when escaped cannot get past it either. */
   if (json_dump_callback(j, dump_bounded, &b, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY |
-                         JSON_REAL_PRECISION(17)) != 0 || b.s == NULL) {
-    free(b.s);
-    b.s = NULL;
+                         JSON_REAL_PRECISION(17)) != 0 || b.t.s == NULL) {
+    textbuf_free(&b.t);
     if (b.too_big) {
       snprintf(err, errlen, "the JSON text is larger than the limit of %zu bytes", max);
       if (too_big)
@@ -356,7 +343,7 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
     }
   }
   json_decref(j);
-  return b.s;
+  return b.t.s;
 }
 
 char *jsonlua_encode(lua_State *L, int idx, char *err, size_t errlen)
