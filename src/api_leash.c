@@ -14,7 +14,6 @@
 #include "queue.h"
 #include "task_context.h"
 
-#include <errno.h>
 #include <lauxlib.h>
 #include <libpq-fe.h>
 #include <math.h>
@@ -41,7 +40,7 @@ static int result_gc(lua_State *L);
 static void result_free(lua_State *L, int idx);
 static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
                            const char *const *params);
-static void task_fence(lua_State *L, struct task *t, char *id, char *attempt);
+static void task_fence(const struct task *t, char id[24], char attempt[16]);
 static void push_outcome(lua_State *L, const char *kind);
 
 static const char outcome_key = 'O';
@@ -345,9 +344,8 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
 }
 
 /* The running task's fencing token as text: id and attempt (owner is the worker id). */
-static void task_fence(lua_State *L, struct task *t, char *id, char *attempt)
+static void task_fence(const struct task *t, char id[24], char attempt[16])
 {
-  (void)L;
   snprintf(id, 24, "%lld", (long long)t->id);
   snprintf(attempt, 16, "%d", t->attempt);
 }
@@ -367,7 +365,7 @@ static int l_step(lua_State *L)
   char id[24], attempt[16], err[512];
   if (!h->sql)
     return luaL_error(L, "leash.step: no database in this context");
-  task_fence(L, t, id, attempt);
+  task_fence(t, id, attempt);
 
   const char *get[] = { id, name };
   PGresult *r = pool_exec(L, "leash.step", h->sql->step_get, 2, get);   /* stack: +box */
@@ -417,7 +415,7 @@ static int l_enqueue(lua_State *L)
   char id[24], attempt[16], err[512], delay[32], max[16];
   if (!h->sql)
     return luaL_error(L, "leash.enqueue: no database in this context");
-  task_fence(L, t, id, attempt);
+  task_fence(t, id, attempt);
 
   if (lua_getfield(L, 1, "payload") == LUA_TNIL)
     return luaL_argerror(L, 1, "payload is required");
