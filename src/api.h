@@ -1,6 +1,7 @@
 /*
  * api: the `leash` module scripts get from require "leash": ok/retry/fatal/null, json,
- * db.query, log, sleep, now. Outcome values carry a private metatable the host reads back.
+ * db.query, step, enqueue, http.request, log, sleep, now. Outcome values carry a private
+ * metatable the host reads back. The running task comes from task_context.h.
  */
 #ifndef LEASH_API_H
 #define LEASH_API_H

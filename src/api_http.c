@@ -7,7 +7,8 @@
  */
 #include "api.h"
 
-#include "script.h"
+#include "task_context.h"
+#include "textbuf.h"
 
 #include <curl/curl.h>
 #include <lauxlib.h>
@@ -19,19 +20,13 @@
 #define HTTP_DEFAULT_TIMEOUT 30.0
 #define HTTP_MAX_BODY (64u * 1024 * 1024)
 
-struct growbuf {
-  char *s;
-  size_t len, cap;
-};
-
 /* Everything a request owns, in a userdata, so the GC frees it on every path. */
 struct http_call {
   CURL *curl;
   struct curl_slist *headers;
-  struct growbuf body, head;
+  struct textbuf body, head;
   struct task *task;
   atomic_int *stopping;
-  double deadline;              /* monotonic, 0 = none */
   const char *aborted;          /* why the progress callback stopped the transfer */
   int too_big;
 };
@@ -43,8 +38,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud);
 static size_t on_header(char *data, size_t size, size_t n, void *ud);
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow);
-static int grow(struct growbuf *b, const char *data, size_t n);
-static void push_headers(lua_State *L, const struct growbuf *head);
+static void push_headers(lua_State *L, const struct textbuf *head);
 static void describe_url(const char *url, char *out, size_t n);
 static const char *control_in(const char *s, size_t n, int allow_tab, size_t *at);
 static int is_token(const char *s, size_t n);
@@ -97,16 +91,15 @@ static int l_request(lua_State *L)
   lua_getfield(L, 1, "headers");                  /* 6 */
   if (!lua_isnil(L, 6))
     luaL_checktype(L, 6, LUA_TTABLE);
-  script_check_live(L, "leash.http.request");
+  taskctx_check_live(L, "leash.http.request");
 
-  struct script *s = script_of(L);
-  const struct script_host *h = script_host_of(s);
+  const struct task_ctx *ctx = taskctx_of(L);
   struct http_call *call = lua_newuserdatauv(L, sizeof *call, 0);   /* 7 */
   memset(call, 0, sizeof *call);
   luaL_setmetatable(L, HTTP_CALL_MT);
-  call->task = script_task(s);
-  call->stopping = h->stopping;
-  double left = script_time_left(s);
+  call->task = ctx->task;
+  call->stopping = ctx->host->stopping;
+  double left = taskctx_time_left(ctx);
   if (left < timeout)
     timeout = left > 0.001 ? left : 0.001;
   call->curl = curl_easy_init();
@@ -209,8 +202,8 @@ static void call_free(struct http_call *call)
   if (call->curl)
     curl_easy_cleanup(call->curl);
   curl_slist_free_all(call->headers);
-  free(call->body.s);
-  free(call->head.s);
+  textbuf_free(&call->body);
+  textbuf_free(&call->head);
   memset(call, 0, sizeof *call);
 }
 
@@ -221,7 +214,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
     call->too_big = 1;
     return 0;
   }
-  return grow(&call->body, data, size * n) == 0 ? size * n : 0;
+  return textbuf_add(&call->body, data, size * n) == 0 ? size * n : 0;
 }
 
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
@@ -230,7 +223,7 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud)
   /* A new status line (after "100 Continue") starts the headers afresh. */
   if (size * n >= 5 && memcmp(data, "HTTP/", 5) == 0)
     call->head.len = 0;
-  return grow(&call->head, data, size * n) == 0 ? size * n : 0;
+  return textbuf_add(&call->head, data, size * n) == 0 ? size * n : 0;
 }
 
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
@@ -245,26 +238,8 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
   return call->aborted != NULL;
 }
 
-static int grow(struct growbuf *b, const char *data, size_t n)
-{
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    char *s = realloc(b->s, cap);
-    if (!s)
-      return -1;
-    b->s = s;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->len, data, n);
-  b->len += n;
-  b->s[b->len] = '\0';
-  return 0;
-}
-
 /* [-0, +1, m] Response headers as { lower-case name = value }; repeats joined by ", ". */
-static void push_headers(lua_State *L, const struct growbuf *head)
+static void push_headers(lua_State *L, const struct textbuf *head)
 {
   lua_newtable(L);
   const char *p = head->s, *end = head->s ? head->s + head->len : NULL;

@@ -9,11 +9,11 @@
 #include "dbpool.h"
 #include "json_lua.h"
 #include "log.h"
+#include "luatext.h"
 #include "pgvalue.h"
 #include "queue.h"
-#include "script.h"
+#include "task_context.h"
 
-#include <errno.h>
 #include <lauxlib.h>
 #include <libpq-fe.h>
 #include <math.h>
@@ -40,7 +40,7 @@ static int result_gc(lua_State *L);
 static void result_free(lua_State *L, int idx);
 static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
                            const char *const *params);
-static void task_fence(lua_State *L, struct task *t, char *id, char *attempt);
+static void task_fence(const struct task *t, char id[24], char attempt[16]);
 static void push_outcome(lua_State *L, const char *kind);
 
 static const char outcome_key = 'O';
@@ -173,9 +173,9 @@ static int l_sleep(lua_State *L)
 {
   lua_Number secs = luaL_checknumber(L, 1);
   luaL_argcheck(L, secs >= 0 && isfinite(secs), 1, "seconds must be >= 0");
-  struct script *s = script_of(L);
-  const struct script_host *h = script_host_of(s);
-  struct task *t = script_task(s);
+  const struct task_ctx *ctx = taskctx_of(L);
+  const struct script_host *h = ctx->host;
+  struct task *t = ctx->task;
   double end = task_now() + secs;
   int over = 0;
   pthread_mutex_lock(h->wake_mu);
@@ -183,15 +183,15 @@ static int l_sleep(lua_State *L)
     if ((t && !task_lease_alive(t)) || atomic_load(h->stopping))
       break;
     double now = task_now();
-    if (script_time_left(s) <= 0) {
+    if (taskctx_time_left(ctx) <= 0) {
       over = 1;
       break;
     }
     if (now >= end)
       break;
     double until = end;
-    if (now + script_time_left(s) < until)
-      until = now + script_time_left(s);
+    if (ctx->deadline > 0 && ctx->deadline < until)
+      until = ctx->deadline;
     if (t && atomic_load(&t->lease_deadline) < until)
       until = atomic_load(&t->lease_deadline);   /* wake to notice a lease running out */
     struct timespec ts;
@@ -209,7 +209,7 @@ static int l_sleep(lua_State *L)
   if (over)
     return luaL_error(L, "task timed out (--task-timeout)");
   if (t)
-    script_check_live(L, "leash.sleep");
+    taskctx_check_live(L, "leash.sleep");
   return 0;
 }
 
@@ -237,7 +237,7 @@ static int l_db_query(lua_State *L)
   const char *sql = luaL_checkstring(L, 1);
   int nparams = lua_gettop(L) - 1;
   luaL_argcheck(L, nparams <= DB_MAX_PARAMS, DB_MAX_PARAMS + 2, "too many parameters");
-  script_check_live(L, "leash.db.query");
+  taskctx_check_live(L, "leash.db.query");
   /* Text of every parameter first (may raise), kept alive on the stack. */
   const char *params[DB_MAX_PARAMS];
   char err[512];
@@ -274,7 +274,7 @@ static int l_db_query(lua_State *L)
       char *j = jsonlua_encode(L, idx, err, sizeof err);
       if (!j)
         return luaL_argerror(L, idx, err);
-      jsonlua_pushfree(L, j);
+      luatext_pushfree(L, j);
       lua_replace(L, idx);
       params[i] = lua_tostring(L, idx);
       break;
@@ -309,19 +309,19 @@ static int l_db_query(lua_State *L)
 static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
                            const char *const *params)
 {
-  const struct script_host *h = script_host_of(script_of(L));
+  const struct task_ctx *ctx = taskctx_of(L);
+  const struct script_host *h = ctx->host;
+  struct task *t = ctx->task;
   char err[512];
   if (!h->pool)
     luaL_error(L, "%s: no database in this context", what);
   PGresult **box = lua_newuserdatauv(L, sizeof *box, 0);
   *box = NULL;
   luaL_setmetatable(L, RESULT_MT);
-  PGconn *c = dbpool_get_for(h->pool, script_task(script_of(L)),
-                             script_time_left(script_of(L)), err, sizeof err);
+  PGconn *c = dbpool_get_for(h->pool, t, taskctx_time_left(ctx), err, sizeof err);
   if (!c)
     luaL_error(L, "%s: %s", what, err);
   /* The wait for a connection may have outlived the lease. */
-  struct task *t = script_task(script_of(L));
   if (t && !task_lease_alive(t)) {
     dbpool_put(h->pool, c);
     luaL_error(L, "%s: lease lost: the task's side effects are stopped", what);
@@ -344,9 +344,8 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
 }
 
 /* The running task's fencing token as text: id and attempt (owner is the worker id). */
-static void task_fence(lua_State *L, struct task *t, char *id, char *attempt)
+static void task_fence(const struct task *t, char id[24], char attempt[16])
 {
-  (void)L;
   snprintf(id, 24, "%lld", (long long)t->id);
   snprintf(attempt, 16, "%d", t->attempt);
 }
@@ -360,14 +359,13 @@ static int l_step(lua_State *L)
   const char *name = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 2);
-  script_check_live(L, "leash.step");
-  struct script *s = script_of(L);
-  const struct script_host *h = script_host_of(s);
-  struct task *t = script_task(s);
+  taskctx_check_live(L, "leash.step");
+  const struct script_host *h = taskctx_of(L)->host;
+  struct task *t = taskctx_of(L)->task;
   char id[24], attempt[16], err[512];
   if (!h->sql)
     return luaL_error(L, "leash.step: no database in this context");
-  task_fence(L, t, id, attempt);
+  task_fence(t, id, attempt);
 
   const char *get[] = { id, name };
   PGresult *r = pool_exec(L, "leash.step", h->sql->step_get, 2, get);   /* stack: +box */
@@ -391,10 +389,10 @@ static int l_step(lua_State *L)
     return luaL_error(L, "leash.step: result of '%s' cannot be stored as JSON: %s", name, err);
   int has = json != NULL;
   if (json)
-    jsonlua_pushfree(L, json);   /* the text lives on the stack; ours is freed */
+    luatext_pushfree(L, json);   /* the text lives on the stack; ours is freed */
   else
     lua_pushliteral(L, "");
-  script_check_live(L, "leash.step");
+  taskctx_check_live(L, "leash.step");
   const char *put[] = { id, name, has ? lua_tostring(L, -1) : NULL, attempt, h->worker_id };
   r = pool_exec(L, "leash.step", h->sql->step_put, 5, put);
   if (PQntuples(r) != 1)
@@ -411,21 +409,20 @@ static int l_enqueue(lua_State *L)
 {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  script_check_live(L, "leash.enqueue");
-  struct script *s = script_of(L);
-  const struct script_host *h = script_host_of(s);
-  struct task *t = script_task(s);
+  taskctx_check_live(L, "leash.enqueue");
+  const struct script_host *h = taskctx_of(L)->host;
+  struct task *t = taskctx_of(L)->task;
   char id[24], attempt[16], err[512], delay[32], max[16];
   if (!h->sql)
     return luaL_error(L, "leash.enqueue: no database in this context");
-  task_fence(L, t, id, attempt);
+  task_fence(t, id, attempt);
 
   if (lua_getfield(L, 1, "payload") == LUA_TNIL)
     return luaL_argerror(L, 1, "payload is required");
   char *json = jsonlua_encode(L, -1, err, sizeof err);
   if (!json)
     return luaL_argerror(L, 1, err);
-  jsonlua_pushfree(L, json);                               /* 3: payload text */
+  luatext_pushfree(L, json);                               /* 3: payload text */
   const char *tenant = (lua_getfield(L, 1, "tenant_id"), luaL_optstring(L, -1, NULL));   /* 4 */
   /* A worker scoped to some tenants cannot create work for others. */
   if (tenant && h->ntenants > 0) {
@@ -477,10 +474,8 @@ static int log_at(lua_State *L, enum log_level lvl)
   luaL_checkstring(L, 1);
   if (!log_enabled(lvl))
     return 0;
-  struct script *s = script_of(L);
-  const struct task *t = script_task(s);
-  struct log_field f[LOG_USER_FIELDS + 5];
-  int n = 0, kept = 0;
+  struct log_field f[LOG_USER_FIELDS + TASKCTX_LOG_FIELDS + 1];
+  int n, kept = 0;
   char id[32], attempt[16];
   lua_settop(L, 2);
   lua_createtable(L, 2 * LOG_USER_FIELDS, 0);            /* 3: keeper: key, text, ... */
@@ -513,14 +508,7 @@ static int log_at(lua_State *L, enum log_level lvl)
     }
   }
   /* From here on nothing runs Lua or allocates in the state: the pointers hold. */
-  if (t) {
-    snprintf(id, sizeof id, "%lld", (long long)t->id);
-    snprintf(attempt, sizeof attempt, "%d", t->attempt);
-    f[n++] = (struct log_field){ "task_id", id };
-    f[n++] = (struct log_field){ "tenant", t->tenant_id };
-    f[n++] = (struct log_field){ "attempt", attempt };
-  }
-  f[n++] = (struct log_field){ "worker", script_host_of(s)->worker_id };
+  n = taskctx_log_fields(taskctx_of(L), f, id, attempt);
   for (int i = 1; i < kept; i += 2) {
     lua_rawgeti(L, 3, i);
     f[n].key = lua_tostring(L, -1);       /* a string in the keeper: no conversion */

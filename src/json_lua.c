@@ -1,6 +1,9 @@
 /* json_lua: JSON <-> Lua conversion on jansson. See json_lua.h. */
 #include "json_lua.h"
 
+#include "luatext.h"
+#include "textbuf.h"
+
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
@@ -31,7 +34,6 @@ struct encoder {
 static void push_array_mt(lua_State *L);
 static void push_value(lua_State *L, const json_t *j, int mt);
 static int push_json_protected(lua_State *L);
-static int push_string_protected(lua_State *L);
 static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *err,
                        size_t errlen);
 static int count_bytes(struct encoder *e, int depth, size_t n);
@@ -301,32 +303,19 @@ static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *er
 
 /* The text being dumped; the dump fails once it would pass max. */
 struct bounded_buf {
-  char *s;
-  size_t len, cap, max;
+  struct textbuf t;
+  size_t max;
   int too_big;
 };
 
 static int dump_bounded(const char *buf, size_t size, void *data)
 {
   struct bounded_buf *b = data;
-  if (b->max && b->len + size > b->max) {
+  if (b->max && b->t.len + size > b->max) {
     b->too_big = 1;
     return -1;
   }
-  if (b->len + size + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + size + 1)
-      cap *= 2;
-    char *ns = realloc(b->s, cap);
-    if (ns == NULL)
-      return -1;
-    b->s = ns;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->len, buf, size);
-  b->len += size;
-  b->s[b->len] = '\0';
-  return 0;
+  return textbuf_add(&b->t, buf, size);
 }
 
 char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *err,
@@ -334,7 +323,7 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
 {
   int big = 0;
   json_t *j = to_json(L, idx, max, &big, err, errlen);
-  struct bounded_buf b = { NULL, 0, 0, max, 0 };
+  struct bounded_buf b = { .max = max };
   if (too_big)
     *too_big = big;
   if (j == NULL)
@@ -343,9 +332,8 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
      leash does. The callback stops the dump as soon as the text would pass max, so a value
      that grows when escaped cannot get past it either. */
   if (json_dump_callback(j, dump_bounded, &b, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY |
-                         JSON_REAL_PRECISION(17)) != 0 || b.s == NULL) {
-    free(b.s);
-    b.s = NULL;
+                         JSON_REAL_PRECISION(17)) != 0 || b.t.s == NULL) {
+    textbuf_free(&b.t);
     if (b.too_big) {
       snprintf(err, errlen, "the JSON text is larger than the limit of %zu bytes", max);
       if (too_big)
@@ -355,7 +343,7 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
     }
   }
   json_decref(j);
-  return b.s;
+  return b.t.s;
 }
 
 char *jsonlua_encode(lua_State *L, int idx, char *err, size_t errlen)
@@ -789,30 +777,7 @@ static int l_json_encode(lua_State *L)
   text = jsonlua_encode(L, 1, err, sizeof err);
   if (text == NULL)
     return luaL_error(L, "json.encode: %s", err);
-  jsonlua_pushfree(L, text);
-  return 1;
-}
-
-void jsonlua_pushfree(lua_State *L, char *text)
-{
-  int status;
-  /* text is malloc'd: push it under protection so a memory error cannot leak it */
-  if (!lua_checkstack(L, 2)) {
-    free(text);
-    luaL_error(L, "not enough memory");
-  }
-  lua_pushcfunction(L, push_string_protected);
-  lua_pushlightuserdata(L, text);
-  status = lua_pcall(L, 1, 1, 0);
-  free(text);
-  if (status != LUA_OK)
-    lua_error(L);
-}
-
-/* Protected body of l_json_encode's push: arg 1 is a borrowed C string. */
-static int push_string_protected(lua_State *L)
-{
-  lua_pushstring(L, lua_touserdata(L, 1));
+  luatext_pushfree(L, text);
   return 1;
 }
 

@@ -5,7 +5,7 @@
  * never nil; integers stay Lua integers; arrays carry the "leash.array" metatable so an
  * empty array re-encodes as [] rather than {}. Nesting is capped at JSONLUA_MAX_DEPTH in
  * both directions, which also turns a cyclic table into an error instead of a crash.
- * Relies on jansson and the Lua 5.4 C API only; no libpq, no host state.
+ * Relies on jansson, the Lua 5.4 C API, luatext.h and textbuf.h only; no libpq, no host state.
  */
 #ifndef LEASH_JSON_LUA_H
 #define LEASH_JSON_LUA_H
@@ -62,9 +62,6 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
 void jsonlua_set_max_bytes(lua_State *L, size_t max);
 /* [-0, +0, -] */
 size_t jsonlua_max_bytes(lua_State *L);
-
-/* [-0, +1, m] Push the malloc'd C string text and free it, also when the push raises. */
-void jsonlua_pushfree(lua_State *L, char *text);
 
 /* [-0, +1, m] lua_CFunction: push the module table
    { encode = f, decode = f, null = sentinel, array = f }.

@@ -36,7 +36,8 @@
 
 #include "api.h"
 #include "log.h"
-#include "script.h"
+#include "task_context.h"
+#include "textfile.h"
 
 #include <lauxlib.h>
 #include <lualib.h>
@@ -451,9 +452,9 @@ static int l_getmetatable(lua_State *L)
 static int l_require(lua_State *L)
 {
   const char *name = luaL_checkstring(L, 1);
-  struct script *s = script_of(L);
-  const struct script_host *host = script_host_of(s);
-  int in_task = script_task(s) != NULL;
+  struct task_ctx *ctx = taskctx_of(L);
+  const struct script_host *host = ctx->host;
+  int in_task = ctx->task != NULL;
   lua_settop(L, 1);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &modules_key);
   if (lua_getfield(L, 2, name) != LUA_TNIL)
@@ -479,29 +480,32 @@ static int l_require(lua_State *L)
     if (strstr(name, "..") || name[0] == '/' || name[0] == '.')
       return luaL_error(L, "require: bad module name '%s'", name);
     char err[512] = "", *text = NULL;
-    const char *path = NULL;
+    const char *chunkname = NULL;
     size_t len;
-    /* The script's folder first, then each --lua-path folder. */
+    /* The script's folder first, then each --lua-path folder. The chunk's name ("@" and
+       the path) is built before the file is read: between the read and the free below
+       nothing may raise, or the text would leak (luaL_loadbufferx returns its errors). */
     for (int i = -1; i < host->nlua_path && !text; i++) {
       luaL_Buffer b;
       luaL_buffinit(L, &b);
-      luaL_addstring(&b, i < 0 ? script_dir(s) : host->lua_path[i]);
+      luaL_addchar(&b, '@');
+      luaL_addstring(&b, i < 0 ? ctx->dir : host->lua_path[i]);
       luaL_addchar(&b, '/');
       for (const char *p = name; *p; p++)
         luaL_addchar(&b, *p == '.' ? '/' : *p);
       luaL_addstring(&b, ".lua");
       luaL_pushresult(&b);
-      path = lua_tostring(L, -1);
-      text = script_read_file(path, &len, err, sizeof err);
+      chunkname = lua_tostring(L, -1);
+      text = textfile_read(chunkname + 1, &len, err, sizeof err);
       if (!text)
         lua_pop(L, 1);
     }
     if (!text)
       return luaL_error(L, "require: module '%s' not found in the script's folder%s",
                         name, host->nlua_path ? " or --lua-path" : "");
-    lua_pushfstring(L, "@%s", path);
-    int rc = luaL_loadbufferx(L, text, len, lua_tostring(L, -1), "t");
-    script_hash_module(s, name, text, len);
+    int rc = luaL_loadbufferx(L, text, len, chunkname, "t");
+    if (ctx->module_read)
+      ctx->module_read(ctx, name, text, len);
     free(text);
     if (rc != LUA_OK)
       return lua_error(L);
@@ -545,18 +549,10 @@ static int l_print(lua_State *L)
       luaL_addchar(&b, '\t');
   }
   luaL_pushresult(&b);
-  struct script *s = script_of(L);
-  char id[32] = "", attempt[16] = "";
-  const struct task *t = script_task(s);
-  if (t) {
-    snprintf(id, sizeof id, "%lld", (long long)t->id);
-    snprintf(attempt, sizeof attempt, "%d", t->attempt);
-  }
-  struct log_field f[] = {
-    { "task_id", t ? id : NULL }, { "tenant", t ? t->tenant_id : NULL },
-    { "attempt", t ? attempt : NULL }, { "worker", script_host_of(s)->worker_id },
-    { NULL, NULL },
-  };
+  char id[32], attempt[16];
+  struct log_field f[TASKCTX_LOG_FIELDS + 1];
+  int nf = taskctx_log_fields(taskctx_of(L), f, id, attempt);
+  f[nf] = (struct log_field){ NULL, NULL };
   log_fields(LOG_INFO, f, "%s", lua_tostring(L, -1));
   return 0;
 }
@@ -610,7 +606,7 @@ static void check_tab(lua_State *L, int arg, int need)
 static void tick(lua_State *L, lua_Integer *n)
 {
   if ((++*n & TICK_MASK) == 0)
-    script_check_deadline(L);
+    taskctx_check_stop(L);
 }
 
 /* table.move(a1, f, e, t [, a2]) */

@@ -4,8 +4,8 @@
  * full one), serves standard libraries and the leash module through read-only proxies,
  * replaces the library functions that could run unbounded inside one C call with versions
  * that check the task's deadline or refuse oversized work, and gives every task a fresh
- * copy of the globals as loading left them. Relies on script.c for the deadline
- * (script_check_deadline) and the script's folder (require).
+ * copy of the globals as loading left them. Reads the running task, its deadline and the
+ * script's folder (require) from the state's context (task_context.h), set by script.c.
  *
  * Phases of one state: sandbox_open (load starts) -> chunks bound with sandbox_bind_chunk
  * run against the load-time globals -> sandbox_freeze (load done) -> each task enters

@@ -14,7 +14,7 @@
    step. */
 #include "sandbox.h"
 
-#include "script.h"
+#include "task_context.h"
 
 #include <ctype.h>
 #include <lauxlib.h>
@@ -75,7 +75,7 @@ static void work(struct mstate *ms, size_t n)
     return;
   }
   ms->left = CHECK_EVERY;
-  script_check_deadline(ms->L);
+  taskctx_check_stop(ms->L);
 }
 
 /* ======================================================================== the matcher */

@@ -6,28 +6,27 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "sandbox.h"
+#include "textfile.h"
 
 #include <lauxlib.h>
 #include <openssl/evp.h>
 #include <math.h>
-#include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LOAD_TIMEOUT_S 5.0
-#define HOOK_EVERY 1000          /* instructions between clock checks */
 
 struct script {
   lua_State *L;
   const struct script_host *host;
+  /* What the host API and the sandbox see (task_context.h): the task, its deadline, why
+     the hook stopped it. Attached to the state's extra space. */
+  struct task_ctx ctx;
   int handle_ref;
   size_t mem_used, mem_limit;
   int refused;                 /* the cap refused an allocation during the current task */
-  struct task *current;
-  double deadline;             /* monotonic; 0 = none */
-  const char *abort_reason;    /* set by the hook when it stops a task */
-  enum outcome_cause abort_cause;
   int broken;
   char dir[1024];              /* the script's folder, for require of siblings */
   char version[SCRIPT_VERSION_LEN + 1];
@@ -39,11 +38,10 @@ static int panic_handler(lua_State *L);
 static int msg_handler(lua_State *L);
 static int tostring_protected(lua_State *L);
 static int ref_protected(lua_State *L);
-static void deadline_hook(lua_State *L, lua_Debug *ar);
 static int load_protected(lua_State *L);
 static int l_task_lease_lost(lua_State *L);
-static char *read_file(const char *path, size_t *len, char *err, size_t errlen);
 static void hash_part(struct script *s, const char *name, const char *text, size_t len);
+static void module_read(struct task_ctx *c, const char *name, const char *text, size_t len);
 struct run_ctx;
 static void push_task(lua_State *L, struct run_ctx *c);
 static void read_outcome(lua_State *L, struct outcome *o, int v, int nret);
@@ -54,7 +52,7 @@ struct script *script_load(const char *path, const struct script_host *host, cha
                            size_t errlen)
 {
   size_t len = 0;
-  char *text = read_file(path, &len, err, errlen);
+  char *text = textfile_read(path, &len, err, errlen);
   if (!text)
     return NULL;
   struct script *s = script_load_text(path, text, len, host, err, errlen);
@@ -64,7 +62,7 @@ struct script *script_load(const char *path, const struct script_host *host, cha
 
 char *script_read_file(const char *path, size_t *len, char *err, size_t errlen)
 {
-  return read_file(path, len, err, errlen);
+  return textfile_read(path, len, err, errlen);
 }
 
 struct script *script_load_text(const char *path, const char *text, size_t len,
@@ -76,6 +74,7 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
     return NULL;
   }
   s->host = host;
+  s->ctx = (struct task_ctx){ .host = host, .dir = s->dir, .module_read = module_read };
   s->handle_ref = LUA_NOREF;
   s->mem_limit = host->memory_limit;
   /* The version: SHA-256 over the script's text and every module loaded with it, so two
@@ -98,22 +97,20 @@ struct script *script_load_text(const char *path, const char *text, size_t len,
     goto fail;
   }
   lua_atpanic(s->L, panic_handler);
-  *(struct script **)lua_getextraspace(s->L) = s;
+  taskctx_attach(s->L, &s->ctx);
 
   /* Everything from here runs protected, so a memory error is a message, not a panic. */
-  s->deadline = task_now() + LOAD_TIMEOUT_S;
-  lua_sethook(s->L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  taskctx_begin(s->L, NULL, LOAD_TIMEOUT_S);
   lua_pushcfunction(s->L, msg_handler);
   lua_pushcfunction(s->L, load_protected);
   lua_pushlightuserdata(s->L, (void *)text);
   lua_pushinteger(s->L, (lua_Integer)len);
   lua_pushstring(s->L, path);
   int rc = lua_pcall(s->L, 3, 1, 1);
-  lua_sethook(s->L, NULL, 0, 0);
-  s->deadline = 0;
+  taskctx_end(s->L);
   if (rc != LUA_OK) {
     const char *msg = lua_type(s->L, -1) == LUA_TSTRING ? lua_tostring(s->L, -1) : NULL;
-    snprintf(err, errlen, "%s", s->abort_reason ? "script took too long to load"
+    snprintf(err, errlen, "%s", s->ctx.stop_reason ? "script took too long to load"
                                 : msg ? msg : "error loading script");
     /* One line for a load error: file:line: message. The traceback adds nothing here. */
     char *tb = strstr(err, "\nstack traceback:");
@@ -168,8 +165,11 @@ static void hash_part(struct script *s, const char *name, const char *text, size
   EVP_DigestUpdate(s->hash, text, len);
 }
 
-void script_hash_module(struct script *s, const char *name, const char *text, size_t len)
+/* A module require read adds to the version while loading; one first required by a task
+   is that task's own (s->hash is gone by then). */
+static void module_read(struct task_ctx *c, const char *name, const char *text, size_t len)
 {
+  struct script *s = (struct script *)((char *)c - offsetof(struct script, ctx));
   if (s->hash)
     hash_part(s, name, text, len);
 }
@@ -182,42 +182,6 @@ const char *script_version(const struct script *s)
 int script_broken(const struct script *s)
 {
   return s->broken;
-}
-
-struct script *script_of(lua_State *L)
-{
-  return *(struct script **)lua_getextraspace(L);
-}
-
-const char *script_dir(const struct script *s)
-{
-  return s->dir;
-}
-
-const struct script_host *script_host_of(const struct script *s)
-{
-  return s->host;
-}
-
-struct task *script_task(const struct script *s)
-{
-  return s->current;
-}
-
-double script_time_left(const struct script *s)
-{
-  return s->deadline > 0 ? s->deadline - task_now() : 1e9;
-}
-
-void script_check_live(lua_State *L, const char *what)
-{
-  struct script *s = script_of(L);
-  if (!s->current)
-    luaL_error(L, "%s: only available while a task runs", what);
-  if (!task_lease_alive(s->current))
-    luaL_error(L, "%s: lease lost: the task's side effects are stopped", what);
-  if (atomic_load(s->host->stopping))
-    luaL_error(L, "%s: the worker is stopping", what);
 }
 
 /* What one run gathers inside the protected call (run_protected). Outside it, script_run
@@ -238,18 +202,15 @@ void script_run(struct script *s, struct task *t)
   double start = task_now();
   struct run_ctx c = { .s = s, .t = t, .stage = STAGE_TASK, .handle_rc = LUA_OK };
   c.out.delay = -1;
-  s->current = t;
-  s->abort_reason = NULL;
-  s->deadline = s->host->task_timeout > 0 ? start + s->host->task_timeout : 0;
   s->refused = 0;
   /* Nothing between here and the end of lua_pcall can raise outside it: a light C function
      and a light userdata take no memory, and the stack has LUA_MINSTACK free slots. */
   lua_settop(L, 0);
-  lua_sethook(L, deadline_hook, LUA_MASKCOUNT, HOOK_EVERY);
+  taskctx_begin(L, t, s->host->task_timeout);
   lua_pushcfunction(L, run_protected);
   lua_pushlightuserdata(L, &c);
   int rc = lua_pcall(L, 1, 0, 0);
-  lua_sethook(L, NULL, 0, 0);
+  taskctx_end(L);
   t->duration = task_now() - start;
   /* A failure outside handle's own call (building the task, reading its answer) left its
      error value on the stack; only a string is read (lua_tostring converts nothing then). */
@@ -273,8 +234,8 @@ void script_run(struct script *s, struct task *t)
              : c.stage == STAGE_OUTCOME ? " reading handle's answer" : "",
              c.payload_refused && outer ? ": " : "", c.payload_refused && outer ? outer : "");
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
-  } else if (s->abort_reason) {
-    outcome_set(&t->out, OUTCOME_RETRY, s->abort_cause, NULL, s->abort_reason);
+  } else if (s->ctx.stop_reason) {
+    outcome_set(&t->out, OUTCOME_RETRY, s->ctx.stop_cause, NULL, s->ctx.stop_reason);
   } else if (c.handle_rc != LUA_OK) {
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR,
                 c.handle_rc == LUA_ERRERR ? "error while handling an error: " : NULL,
@@ -291,8 +252,6 @@ void script_run(struct script *s, struct task *t)
   outcome_clear(&c.out);
   free(c.handle_err);
   lua_settop(L, 0);
-  s->current = NULL;
-  s->deadline = 0;
   /* A task's garbage should not count against the next task's memory: past a quarter of
      the cap, collect it all now. Below that the incremental collector keeps up; a task that
      reaches the cap with garbage left makes Lua collect in full and try again (the state is
@@ -510,9 +469,9 @@ static size_t payload_lua_bytes(const char *text, size_t len)
 
 static int l_task_lease_lost(lua_State *L)
 {
-  struct script *s = script_of(L);
+  const struct task *t = taskctx_of(L)->task;
   lua_Integer id = lua_tointeger(L, lua_upvalueindex(1));
-  int lost = !s->current || s->current->id != id || !task_lease_alive(s->current);
+  int lost = !t || t->id != id || !task_lease_alive(t);
   lua_pushboolean(L, lost);
   return 1;
 }
@@ -592,40 +551,6 @@ static int msg_handler(lua_State *L)
   return 1;
 }
 
-/* Stops the running code once the task is over its deadline, its lease is lost or the
-   worker must stop now. Another thread never touches the state: it only sets flags read
-   here. After tripping, the hook fires on every instruction, so a script's own pcall
-   cannot swallow the stop. */
-static void deadline_hook(lua_State *L, lua_Debug *ar)
-{
-  (void)ar;
-  script_check_deadline(L);
-}
-
-/* The hook's check, also called by the sandbox's library loops (sandbox.c), which run in
-   C where the hook never fires. */
-void script_check_deadline(lua_State *L)
-{
-  struct script *s = script_of(L);
-  const char *why = NULL;
-  enum outcome_cause cause = CAUSE_TIMEOUT;
-  if (s->deadline > 0 && task_now() > s->deadline) {
-    why = s->current ? "task timed out (--task-timeout)" : "script took too long to load";
-  } else if (s->current && !task_lease_alive(s->current)) {
-    why = "lease lost";
-    cause = CAUSE_LEASE_LOST;
-  } else if (atomic_load(s->host->stopping)) {
-    why = "worker stopping";
-    cause = CAUSE_STOPPING;
-  }
-  if (!why)
-    return;
-  s->abort_reason = why;
-  s->abort_cause = cause;
-  lua_sethook(L, deadline_hook, LUA_MASKCOUNT, 1);
-  luaL_error(L, "%s", why);
-}
-
 /* lua_Alloc with a cap: only growth is refused, never a free or a shrink (ltests.c's
    debug_realloc is the model). When ptr is NULL, osize is a type tag, not a size. */
 static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
@@ -657,39 +582,4 @@ static int panic_handler(lua_State *L)
             msg ? msg : "(error object is not a string)");
   abort();
   return 0;
-}
-
-static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
-{
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "cannot open %s: %m", path);
-    return NULL;
-  }
-  char *buf = NULL;
-  size_t cap = 0, n = 0, got;
-  do {
-    if (n + 4096 > cap) {
-      cap = cap ? cap * 2 : 8192;
-      char *nb = realloc(buf, cap);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        snprintf(err, errlen, "out of memory reading %s", path);
-        return NULL;
-      }
-      buf = nb;
-    }
-    got = fread(buf + n, 1, cap - n, f);
-    n += got;
-  } while (got > 0);
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(buf);
-    snprintf(err, errlen, "cannot read %s", path);
-    return NULL;
-  }
-  *len = n;
-  return buf;
 }

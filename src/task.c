@@ -16,7 +16,7 @@ void task_free(struct task *t)
   free(t);
 }
 
-int task_lease_alive(struct task *t)
+int task_lease_alive(const struct task *t)
 {
   /* Only reads: the lease thread or the dispatcher marks the loss and logs why. */
   return !atomic_load(&t->lost) && task_now() < atomic_load(&t->lease_deadline);

@@ -38,7 +38,7 @@ void task_free(struct task *t);
 
 /* 1 while the lease may still be ours: not marked lost and not past its deadline (a
    process frozen past its lease must not go on writing before the lease thread notices). */
-int task_lease_alive(struct task *t);
+int task_lease_alive(const struct task *t);
 
 /* Monotonic clock in seconds. */
 double task_now(void);
