@@ -306,23 +306,26 @@ SELECT pg_temp.fig('worker incarnations', count(*)) FROM incarnations;
 INSERT INTO fig (name, value)
 SELECT '  ended by: ' || coalesce(how, '?') || coalesce(' (exit ' || rc || ')', ''), count(*)::text
   FROM incarnations GROUP BY how, rc ORDER BY how, rc;
--- A worker whose watchdog found a slot wedged exits 3 by design; only a wedge poison task may
--- wedge a slot (below), so any other exit by itself is a failure.
+-- A worker whose watchdog found a slot wedged exits 3 by design, by itself or during the
+-- drain a SIGTERM started (the wedged slot cannot stop); only a wedge poison task may wedge a
+-- slot (below), so any other exit by itself, or non-zero exit after SIGTERM, is a failure.
 CREATE TEMP TABLE watchdog_exits AS
-SELECT i.worker, w.task_id, q.hostile
+SELECT i.worker, i.how LIKE 'SIGTERM%' AS at_drain, w.task_id, q.hostile
   FROM incarnations i
   LEFT JOIN LATERAL (SELECT task_id FROM wlog w WHERE w.worker = i.worker
                         AND w.msg LIKE 'watchdog: slot % is wedged%' ORDER BY ts LIMIT 1) w ON true
   LEFT JOIN q ON q.id = w.task_id
- WHERE i.how = 'exited by itself' AND i.rc = 3;
-SELECT pg_temp.fig('workers restarted by their watchdog (exit 3)', count(*)) FROM watchdog_exits;
+ WHERE (i.how = 'exited by itself' OR i.how LIKE 'SIGTERM%') AND i.rc = 3;
+SELECT pg_temp.fig('workers restarted by their watchdog (exit 3; of them during a drain)',
+                   format('%s; %s', count(*), count(*) FILTER (WHERE at_drain))) FROM watchdog_exits;
 SELECT pg_temp.fig('  whose wedged task was not a wedge poison task (must be 0)', count(*),
                    count(*) = 0)
   FROM watchdog_exits WHERE hostile IS DISTINCT FROM 'wedge';
 SELECT pg_temp.fig('workers that exited by themselves or not with 0 on SIGTERM (must be 0)',
                    count(*), count(*) = 0)
-  FROM incarnations WHERE (how = 'exited by itself' AND rc IS DISTINCT FROM 3)
-                       OR (how LIKE 'SIGTERM%' AND rc IS DISTINCT FROM 0);
+  FROM incarnations i
+ WHERE ((how = 'exited by itself') OR (how LIKE 'SIGTERM%' AND rc IS DISTINCT FROM 0))
+   AND NOT EXISTS (SELECT 1 FROM watchdog_exits x WHERE x.worker = i.worker);
 SELECT pg_temp.fig('sanitizer reports or non-JSON lines in worker logs (must be 0)', count(*),
                    count(*) = 0) FROM wlog WHERE level IS NULL;
 SELECT pg_temp.fig('hot swaps loaded (log lines, all workers)', count(*))
@@ -364,7 +367,8 @@ SELECT pg_temp.fig('poison tasks that took down more than max_crashes processes 
   FROM (SELECT q.id, q.max_crashes,
                (SELECT count(*) FROM events e WHERE e.kind = 'kill9'
                    AND e.detail = 'poison task ' || q.id)
-               + (SELECT count(*) FROM watchdog_exits x WHERE x.task_id = q.id) AS downs
+               + (SELECT count(*) FROM watchdog_exits x WHERE x.task_id = q.id
+                     AND NOT x.at_drain) AS downs
           FROM q WHERE hostile IN ('kill', 'wedge')) s
  WHERE downs > max_crashes;
 SELECT pg_temp.fig('processes taken down by poison tasks (kill -9 / watchdog)',
