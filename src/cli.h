@@ -59,6 +59,11 @@ int cli_next_option(struct cli *g, int argc, char **argv, const struct option *o
 int cli_usage_error(const struct cli *g, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
 
+/* Bad input data (a JSONL line, a payload, a file that cannot be opened): prints the one
+   line "leash CMD: MSG", no hint (--help would not fix the data); returns EXIT_USAGE. */
+int cli_data_error(const struct cli *g, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
+
 /* Prints "leash CMD: MSG" to stderr; returns EXIT_RUNTIME. */
 int cli_runtime_error(const struct cli *g, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));

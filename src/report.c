@@ -112,31 +112,6 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
   return 0;
 }
 
-char *report_text_array(const char *const *items, size_t n)
-{
-  size_t len = 3;
-  for (size_t i = 0; i < n; i++)
-    len += 2 * strlen(items[i]) + 3;
-  char *s = malloc(len), *p = s;
-  if (!s)
-    return NULL;
-  *p++ = '{';
-  for (size_t i = 0; i < n; i++) {
-    if (i)
-      *p++ = ',';
-    *p++ = '"';
-    for (const char *q = items[i]; *q; q++) {
-      if (*q == '"' || *q == '\\')
-        *p++ = '\\';
-      *p++ = *q;
-    }
-    *p++ = '"';
-  }
-  *p++ = '}';
-  *p = '\0';
-  return s;
-}
-
 void report_format_duration(double secs, char *buf, size_t buflen)
 {
   if (!isfinite(secs) || secs < 0) {
