@@ -228,8 +228,9 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
   if (!f)
     return cli_data_error(g, "cannot open %s: %m", path);
-  char *line = NULL, *copy = NULL, *sql = NULL;
-  size_t linecap = 0, copylen = 0, copycap = 0;
+  char *line = NULL, *sql = NULL;
+  size_t linecap = 0;
+  struct buf copy = { 0 };
   long *lines = NULL;   /* COPY row (0-based) -> file line, to name the line in errors */
   size_t rows = 0, rowscap = 0;
   long line_no = 0;
@@ -264,7 +265,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
       lines = nl;
     }
     lines[rows++] = line_no;
-    int bad = enqueue_copy_row(&copy, &copylen, &copycap, line_no, line, len, run_after);
+    int bad = enqueue_copy_row(&copy, line_no, line, len, run_after);
     free(run_after);
     if (bad) {
       rc = cli_runtime_error(g, "out of memory");
@@ -301,7 +302,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   PGresult *r = PQexec(c, "COPY pg_temp.leash_enqueue_stage (line, doc, run_after) FROM STDIN");
   int copying = PQresultStatus(r) == PGRES_COPY_IN;
   PQclear(r);
-  if (!copying || PQputCopyData(c, copy, (int)copylen) != 1 || PQputCopyEnd(c, NULL) != 1) {
+  if (!copying || PQputCopyData(c, copy.s, (int)copy.len) != 1 || PQputCopyEnd(c, NULL) != 1) {
     db_one_line(PQerrorMessage(c), err, sizeof err);
     rc = cli_runtime_error(g, "COPY failed: %s", err);
     goto rollback;
@@ -361,7 +362,7 @@ out:
   if (f != stdin)
     fclose(f);
   free(line);
-  free(copy);
+  buf_free(&copy);
   free(lines);
   free(sql);
   return rc;
