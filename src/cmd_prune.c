@@ -1,5 +1,6 @@
 /* leash prune: delete old done/dead tasks in small transactions (retention). */
 #include "commands.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "migrate.h"
 
@@ -142,6 +143,12 @@ out:
   return rc;
 }
 
+/* 1 when the len bytes at p are the word w. */
+static int word_is(const char *p, size_t len, const char *w)
+{
+  return strlen(w) == len && strncmp(p, w, len) == 0;
+}
+
 /* "done", "dead", "done,dead" (any order, spaces allowed) into a text[] literal. */
 static int parse_statuses(struct cli *g, const char *list, const char **out)
 {
@@ -154,12 +161,11 @@ static int parse_statuses(struct cli *g, const char *list, const char **out)
     const char *end = p + len;
     while (*end == ' ')
       end++;
-    if (len == 4 && strncmp(p, "done", 4) == 0)
+    if (word_is(p, len, STATUS_DONE))
       want_done = 1;
-    else if (len == 4 && strncmp(p, "dead", 4) == 0)
+    else if (word_is(p, len, STATUS_DEAD))
       want_dead = 1;
-    else if ((len == 7 && strncmp(p, "pending", 7) == 0) ||
-             (len == 6 && strncmp(p, "leased", 6) == 0))
+    else if (word_is(p, len, STATUS_PENDING) || word_is(p, len, STATUS_LEASED))
       return cli_usage_error(g, "--status: prune deletes only done and dead tasks, not %.*s ones",
                              (int)len, p);
     else
@@ -171,6 +177,8 @@ static int parse_statuses(struct cli *g, const char *list, const char **out)
       return cli_usage_error(g, "--status: expected a comma-separated list, not '%s'", list);
     p = end + 1;
   }
-  *out = want_done && want_dead ? "{done,dead}" : want_done ? "{done}" : "{dead}";
+  *out = want_done && want_dead ? "{" STATUS_DONE "," STATUS_DEAD "}"
+          : want_done            ? "{" STATUS_DONE "}"
+                                 : "{" STATUS_DEAD "}";
   return EXIT_OK;
 }

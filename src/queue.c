@@ -34,18 +34,18 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows)
     goto fail;
   /* How many were reaped, and of those how many went dead as quarantined or exhausted. */
-#define REAP_COUNTS "SELECT count(*), count(*) FILTER (WHERE status = 'dead' AND cause = " \
-                    "'quarantined'), count(*) FILTER (WHERE status = 'dead' AND cause <> " \
+#define REAP_COUNTS "SELECT count(*), count(*) FILTER (WHERE status = " SQL_DEAD " AND cause = " \
+                    "'quarantined'), count(*) FILTER (WHERE status = " SQL_DEAD " AND cause <> " \
                     "'quarantined') FROM %s()"
   q->reap_sql = format_sql(REAP_COUNTS, reap);
   q->reap_rows_sql = format_sql(REAP_COUNTS, reap_rows);
 #undef REAP_COUNTS
   /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
   q->depth_sql = format_sql(
-    "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), "
-    "       count(*) FILTER (WHERE status = 'pending' AND run_after > now()), "
-    "       count(*) FILTER (WHERE status = 'leased') "
-    "  FROM %s WHERE status IN ('pending', 'leased')", t->qualified);
+    "SELECT count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()), "
+    "       count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after > now()), "
+    "       count(*) FILTER (WHERE status = " SQL_LEASED ") "
+    "  FROM %s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")", t->qualified);
   /* The same text calls the cycle and its row-by-row fallback (sql/010). */
   static const char cycle_fmt[] =
     "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
@@ -66,12 +66,12 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "  UPDATE %s q SET locked_until = now() + make_interval(secs => $4::float8) "
     "    FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt), mine m "
     "   WHERE q.id = u.id AND m.id = q.id AND q.attempts = u.attempt AND q.lease_owner = $3 "
-    "     AND q.status = 'leased' AND q.locked_until > now() "
+    "     AND q.status = " SQL_LEASED " AND q.locked_until > now() "
     "  RETURNING q.id"
     ") SELECT m.id, r.id IS NOT NULL FROM mine m LEFT JOIN renewed r ON r.id = m.id",
     t->qualified);
   q->open_sql = format_sql(
-    "SELECT EXISTS (SELECT 1 FROM %s WHERE status IN ('pending', 'leased') "
+    "SELECT EXISTS (SELECT 1 FROM %s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ") "
     "  AND ($1::text[] IS NULL OR tenant_id = ANY ($1::text[])) "
     "  AND ($2::text IS NULL OR batch = $2))", t->qualified);
   q->owner = strdup(owner);
@@ -182,11 +182,12 @@ static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
       continue;
     const char *status = PQgetvalue(r, row, 9);
     const char *cause = PQgetvalue(r, row, 10);
-    applied[keys[k].pos] = strcmp(status, "done") == 0      ? SETTLED_DONE
-                           : strcmp(status, "pending") == 0 ? SETTLED_PENDING
-                           : strcmp(cause, "quarantined") == 0 ? SETTLED_QUARANTINED
-                           : strcmp(cause, "bad_row") == 0 ? SETTLED_BAD_ROW
-                                                            : SETTLED_DEAD;
+    applied[keys[k].pos] =
+      strcmp(status, STATUS_DONE) == 0                              ? SETTLED_DONE
+      : strcmp(status, STATUS_PENDING) == 0                         ? SETTLED_PENDING
+      : strcmp(cause, lifecycle_cause_name(CAUSE_QUARANTINED)) == 0 ? SETTLED_QUARANTINED
+      : strcmp(cause, lifecycle_cause_name(CAUSE_BAD_ROW)) == 0     ? SETTLED_BAD_ROW
+                                                                    : SETTLED_DEAD;
   }
   free(keys);
   return 0;
@@ -552,7 +553,7 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
              "INSERT INTO %s (task_id, name, result, attempt) "
              "SELECT $1, $2, $3::jsonb, $4 FROM %s q "
              " WHERE q.id = $1 AND q.attempts = $4 AND q.lease_owner = $5 "
-             "   AND q.status = 'leased' AND q.locked_until > now() "
+             "   AND q.status = " SQL_LEASED " AND q.locked_until > now() "
              "   FOR SHARE OF q "
              "ON CONFLICT (task_id, name) DO NOTHING RETURNING 1", steps, t->qualified);
   /* A child task: the parent's tenant and batch unless given; a shard of its own unless
