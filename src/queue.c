@@ -1,4 +1,5 @@
-/* queue: the protocol's statements. See queue.h and sql/002_leases.sql. */
+/* queue: the lifecycle's statements. See queue.h, sql/010_outcome_causes.sql (the cycle and
+   the reaper) and docs/ARCHITECTURE.md. */
 #include "queue.h"
 
 #include "buf.h"

@@ -93,7 +93,9 @@ int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, ch
 struct queue_script_sql {
   char *step_get;    /* $1 task id, $2 name → result::text (one row when stored) */
   char *step_put;    /* $1 id, $2 name, $3 result, $4 attempt, $5 owner → a row if written */
-  char *enqueue;     /* see queue.c */
+  char *enqueue;     /* a child task: $1 tenant, $2 shard, $3 payload, $4 delay (s), $5 max
+                        attempts, $6 batch given, $7 batch, $8 the table; the parent's
+                        lease: $9 id, $10 owner, $11 attempt → its id if written */
 };
 
 /* Fills s for table t; 0, or -1 when out of memory (s is then freed). */
