@@ -133,10 +133,12 @@ int cmd_prune(struct cli *g, int argc, char **argv)
   rc = EXIT_OK;
   goto out;
 fail:
-  rc = cli_runtime_error(g, "%s", err);
+  /* Chunks already committed stay deleted: the one error line says how many. */
   if (total > 0)
-    fprintf(stderr, "leash prune: %lld task%s had been deleted before the error\n", total,
-            total == 1 ? "" : "s");
+    rc = cli_runtime_error(g, "%s (%lld task%s had been deleted before the error)", err, total,
+                           total == 1 ? "" : "s");
+  else
+    rc = cli_runtime_error(g, "%s", err);
 out:
   free(sql);
   cli_close(c, &t);
