@@ -1,8 +1,9 @@
 /*
  * cli: what every command shares: the global options (--db, --table, --log-format,
- * --log-level, -h/--help, --version), usage errors (exit 2) and opening the database with
- * the queue table's name quoted. Each command parses its own options with getopt_long,
- * listing CLI_GLOBAL_OPTIONS in its table so global options work before or after it.
+ * --log-level, -h/--help, --version), error lines (usage and data errors exit 2, only a
+ * usage error adds the --help hint; runtime errors exit 1) and opening the database with the
+ * queue table's name quoted. Each command parses its own options with getopt_long, listing
+ * CLI_GLOBAL_OPTIONS in its table so global options work before or after it.
  */
 #ifndef LEASH_CLI_H
 #define LEASH_CLI_H
