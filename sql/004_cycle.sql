@@ -1,10 +1,11 @@
--- History: this first cycle called <table>_claim and <table>_settle, which are not created
--- any more; a fresh database replaces it with 007's in the same migrate transaction.
--- One round trip per dispatcher cycle: settle the outcomes that finished and claim the next
--- rows in the same transaction, so a busy worker pays one commit per cycle instead of two.
--- The claim runs after the settle, in statements of its own (fresh snapshots), so a shard
--- this very cycle released can be claimed again at once; the claim keeps every property it
--- has alone (see <table>_claim in 002).
+-- History only: this first cycle called <table>_claim and <table>_settle, which no migration
+-- creates any more (002 once did). It is never called: 007 drops it (and the two helpers,
+-- where an old database still has them) and writes the cycle out whole, and 010 replaces
+-- that one; a fresh database goes through all three in one migrate transaction, so after
+-- migrate no function of this file is left (cli.sh, migrate_leaves_only_the_current_functions).
+-- What it introduced stays: one round trip per dispatcher cycle, settle then claim in one
+-- transaction, the claim in statements of its own (fresh snapshots) so a shard this very
+-- cycle released can be claimed again at once.
 -- When the claim comes back short, one more row (settled IS NULL) tells in `waited` how many
 -- seconds until the next pending row of the scope becomes runnable (NULL: none), so an idle
 -- worker can sleep until then instead of polling; the lookup is one step of the claim index.

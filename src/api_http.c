@@ -8,7 +8,7 @@
 #include "api.h"
 
 #include "task_context.h"
-#include "textbuf.h"
+#include "buf.h"
 
 #include <curl/curl.h>
 #include <lauxlib.h>
@@ -24,7 +24,7 @@
 struct http_call {
   CURL *curl;
   struct curl_slist *headers;
-  struct textbuf body, head;
+  struct buf body, head;
   struct task *task;
   atomic_int *stopping;
   const char *aborted;          /* why the progress callback stopped the transfer */
@@ -38,7 +38,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud);
 static size_t on_header(char *data, size_t size, size_t n, void *ud);
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow);
-static void push_headers(lua_State *L, const struct textbuf *head);
+static void push_headers(lua_State *L, const struct buf *head);
 static void describe_url(const char *url, char *out, size_t n);
 static const char *control_in(const char *s, size_t n, int allow_tab, size_t *at);
 static int is_token(const char *s, size_t n);
@@ -202,8 +202,8 @@ static void call_free(struct http_call *call)
   if (call->curl)
     curl_easy_cleanup(call->curl);
   curl_slist_free_all(call->headers);
-  textbuf_free(&call->body);
-  textbuf_free(&call->head);
+  buf_free(&call->body);
+  buf_free(&call->head);
   memset(call, 0, sizeof *call);
 }
 
@@ -214,7 +214,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
     call->too_big = 1;
     return 0;
   }
-  return textbuf_add(&call->body, data, size * n) == 0 ? size * n : 0;
+  return buf_add(&call->body, data, size * n) == 0 ? size * n : 0;
 }
 
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
@@ -223,7 +223,7 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud)
   /* A new status line (after "100 Continue") starts the headers afresh. */
   if (size * n >= 5 && memcmp(data, "HTTP/", 5) == 0)
     call->head.len = 0;
-  return textbuf_add(&call->head, data, size * n) == 0 ? size * n : 0;
+  return buf_add(&call->head, data, size * n) == 0 ? size * n : 0;
 }
 
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
@@ -239,7 +239,7 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
 }
 
 /* [-0, +1, m] Response headers as { lower-case name = value }; repeats joined by ", ". */
-static void push_headers(lua_State *L, const struct textbuf *head)
+static void push_headers(lua_State *L, const struct buf *head)
 {
   lua_newtable(L);
   const char *p = head->s, *end = head->s ? head->s + head->len : NULL;

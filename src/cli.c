@@ -99,6 +99,15 @@ int cli_usage_error(const struct cli *g, const char *fmt, ...)
   return EXIT_USAGE;
 }
 
+int cli_data_error(const struct cli *g, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  print_error(g, fmt, ap);
+  va_end(ap);
+  return EXIT_USAGE;
+}
+
 int cli_runtime_error(const struct cli *g, const char *fmt, ...)
 {
   va_list ap;

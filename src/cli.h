@@ -1,8 +1,9 @@
 /*
  * cli: what every command shares: the global options (--db, --table, --log-format,
- * --log-level, -h/--help, --version), usage errors (exit 2) and opening the database with
- * the queue table's name quoted. Each command parses its own options with getopt_long,
- * listing CLI_GLOBAL_OPTIONS in its table so global options work before or after it.
+ * --log-level, -h/--help, --version), error lines (usage and data errors exit 2, only a
+ * usage error adds the --help hint; runtime errors exit 1) and opening the database with the
+ * queue table's name quoted. Each command parses its own options with getopt_long, listing
+ * CLI_GLOBAL_OPTIONS in its table so global options work before or after it.
  */
 #ifndef LEASH_CLI_H
 #define LEASH_CLI_H
@@ -57,6 +58,11 @@ int cli_next_option(struct cli *g, int argc, char **argv, const struct option *o
 
 /* Prints "leash CMD: MSG" and a hint to stderr; returns EXIT_USAGE. */
 int cli_usage_error(const struct cli *g, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
+
+/* Bad input data (a JSONL line, a payload, a file that cannot be opened): prints the one
+   line "leash CMD: MSG", no hint (--help would not fix the data); returns EXIT_USAGE. */
+int cli_data_error(const struct cli *g, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
 
 /* Prints "leash CMD: MSG" to stderr; returns EXIT_RUNTIME. */

@@ -3,6 +3,7 @@
 #include "enqueue.h"
 #include "lifecycle.h"
 #include "migrate.h"
+#include "queue.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -21,15 +22,20 @@ static const char usage[] =
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
   "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
   "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
-  "max_attempts, max_crashes; the options below are the defaults for what a line leaves out. Every line\n"
-  "is checked before anything is written; one bad line rejects the whole file.\n\n"
+  "max_attempts, max_crashes; the options below are the defaults for what a line leaves out.\n"
+  "Every line is checked before anything is written; one bad line rejects the whole file.\n\n"
   "options:\n"
-  "  --tenant T            tenant_id (default 'default'; tenant, shard, batch <= 512 bytes)\n"
+  "  --tenant T            tenant_id (default '" LIFECYCLE_DEFAULT_TENANT "'; tenant, shard, "
+  "batch <= " LIFECYCLE_STR(LIFECYCLE_MAX_TENANT_BYTES) " bytes)\n"
   "  --shard K             shard_key (default 'task:<id>', unique: no accidental serialising)\n"
   "  --delay S             runnable after S (seconds, or 500ms, 5m, 2h, 1d)\n"
   "  --run-after TS        runnable after the timestamp TS\n"
-  "  --max-attempts N      attempts before the task goes dead (default 8, at most 1000)\n"
-  "  --max-crashes N       crashed executions before it is quarantined (1-1000, default 3)\n"
+  "  --max-attempts N      attempts before the task goes dead (default "
+  LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_ATTEMPTS) ", at most "
+  LIFECYCLE_STR(LIFECYCLE_MAX_MAX_ATTEMPTS) ")\n"
+  "  --max-crashes N       crashed executions before it is quarantined (1-"
+  LIFECYCLE_STR(LIFECYCLE_MAX_MAX_CRASHES) ", default "
+  LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_CRASHES) ")\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n"
   "  --max-line-bytes N    refuse a line longer than N bytes (default 4M; k, M, G units)\n\n";
@@ -46,28 +52,40 @@ struct defaults {
   char delay_buf[32];
 };
 
-/* One statement for both paths; %s (first) is the table, %s (second) the row source with
-   columns line, doc (the task's JSON object) and run_after. The id is drawn first so a
-   default shard can name it; ids follow line order. */
-static const char insert_fmt[] =
-  "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
-  "                max_crashes) "
-  "SELECT s.id, coalesce(s.doc->>'tenant_id', $1, 'default'), "
-  "       coalesce(s.doc->>'shard_key', $2, 'task:' || s.id), s.doc->'payload', "
-  "       coalesce(s.run_after, now() + make_interval(secs => (s.doc->>'delay')::float8), "
-  "                $3::timestamptz, now() + make_interval(secs => coalesce($4::float8, 0))), "
-  "       coalesce((s.doc->>'max_attempts')::int, $5::int, 8), "
-  "       CASE WHEN s.doc ? 'batch' THEN s.doc->>'batch' ELSE $6 END, "
-  "       coalesce((s.doc->>'max_crashes')::int, $8::int, 3) "
-  "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, v.* FROM (%s) v) s "
-  "RETURNING id";
+/* The rows of both paths for queue_insert_sql; %s is the row source with columns line, doc
+   (the task's JSON object) and run_after (a typed timestamp or NULL). The id is drawn first
+   so a default shard can name it; ids follow line order. A line's field beats the flag ($1
+   tenant, $2 shard, $3 run-after, $4 delay, $5 max-attempts, $6 batch, $8 max-crashes; $7 the
+   table); what both leave out gets the insert's defaults. */
+static const char rows_fmt[] =
+  "SELECT v.id, coalesce(v.doc->>'tenant_id', $1) AS tenant_id, "
+  "       coalesce(v.doc->>'shard_key', $2) AS shard_key, v.doc->'payload' AS payload, "
+  "       coalesce(v.run_after, now() + make_interval(secs => (v.doc->>'delay')::float8), "
+  "                $3::timestamptz, now() + make_interval(secs => $4::float8)) AS run_after, "
+  "       coalesce((v.doc->>'max_attempts')::int, $5::int) AS max_attempts, "
+  "       CASE WHEN v.doc ? 'batch' THEN v.doc->>'batch' ELSE $6 END AS batch, "
+  "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes "
+  "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, w.* FROM (%s) w) v";
+
+/* The INSERT for rows from `source`; malloc'd, NULL when out of memory. */
+static char *insert_sql(const struct db_table *t, const char *source)
+{
+  size_t n = sizeof rows_fmt + strlen(source);
+  char *rows = malloc(n);
+  if (!rows)
+    return NULL;
+  snprintf(rows, n, rows_fmt, source);
+  char *sql = queue_insert_sql(t->qualified, rows);
+  free(rows);
+  return sql;
+}
 
 static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
                        const struct defaults *d, const char *payload);
 static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
                         const struct defaults *d, const char *path, size_t max_line);
 static int read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len);
-static int data_error(struct cli *g, const char *err);
+static int db_data_error(struct cli *g, const char *err, int from_flags);
 static int check_defaults(struct cli *g, const struct defaults *d);
 
 int cmd_enqueue(struct cli *g, int argc, char **argv)
@@ -121,9 +139,9 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       d.batch = optarg;
       break;
     case OPT_MAX_CRASHES:
-      if (cli_parse_int(optarg, 1, 1000, &n) != 0)
-        return cli_usage_error(g, "--max-crashes must be an integer from 1 to 1000, not '%s'",
-                               optarg);
+      if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_CRASHES, &n) != 0)
+        return cli_usage_error(g, "--max-crashes must be an integer from 1 to %d, not '%s'",
+                               LIFECYCLE_MAX_MAX_CRASHES, optarg);
       d.max_crashes = optarg;
       break;
     case OPT_FILE:
@@ -169,17 +187,16 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   json_t *j = json_loads(payload, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
                          JSON_DECODE_INT_AS_REAL, &je);
   if (!j)
-    return cli_usage_error(g, "PAYLOAD_JSON is not valid JSON (column %d): %s", je.column, je.text);
+    return cli_data_error(g, "PAYLOAD_JSON is not valid JSON (column %d): %s", je.column, je.text);
   int isnull = json_is_null(j);
   json_decref(j);
   if (isnull)
-    return cli_usage_error(g, "PAYLOAD_JSON must not be null");
+    return cli_data_error(g, "PAYLOAD_JSON must not be null");
 
   /* The payload's own text goes into the row (jsonb keeps big numbers exact). */
   size_t n = strlen(payload) + 16;
   char *doc = malloc(n);
-  size_t sqln = sizeof insert_fmt + strlen(t->qualified) + 128;
-  char *sql = malloc(sqln);
+  char *sql = insert_sql(t, "SELECT 1 AS line, $9::jsonb AS doc, NULL::timestamptz AS run_after");
   int rc = EXIT_RUNTIME;
   if (!doc || !sql) {
     free(doc);
@@ -187,8 +204,6 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
     return cli_runtime_error(g, "out of memory");
   }
   snprintf(doc, n, "{\"payload\":%s}", payload);
-  snprintf(sql, sqln, insert_fmt, t->qualified,
-           "SELECT 1 AS line, $9::jsonb AS doc, NULL::timestamptz AS run_after");
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
                            d->batch, t->qualified, d->max_crashes, doc };
   char err[DB_ERR_MAX];
@@ -198,7 +213,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
     PQclear(r);
     rc = EXIT_OK;
   } else {
-    rc = data_error(g, err);
+    rc = db_data_error(g, err, 1);
   }
   free(doc);
   free(sql);
@@ -212,9 +227,10 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
 {
   FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
   if (!f)
-    return cli_usage_error(g, "cannot open %s: %m", path);
-  char *line = NULL, *copy = NULL, *sql = NULL;
-  size_t linecap = 0, copylen = 0, copycap = 0;
+    return cli_data_error(g, "cannot open %s: %m", path);
+  char *line = NULL, *sql = NULL;
+  size_t linecap = 0;
+  struct buf copy = { 0 };
   long *lines = NULL;   /* COPY row (0-based) -> file line, to name the line in errors */
   size_t rows = 0, rowscap = 0;
   long line_no = 0;
@@ -235,7 +251,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     if (v == ENQUEUE_LINE_BLANK)
       continue;
     if (v == ENQUEUE_LINE_BAD) {
-      rc = cli_usage_error(g, "%s line %ld: %s; nothing was enqueued", name, line_no, err);
+      rc = cli_data_error(g, "%s line %ld: %s; nothing was enqueued", name, line_no, err);
       goto out;
     }
     if (rows == rowscap) {
@@ -249,7 +265,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
       lines = nl;
     }
     lines[rows++] = line_no;
-    int bad = enqueue_copy_row(&copy, &copylen, &copycap, line_no, line, len, run_after);
+    int bad = enqueue_copy_row(&copy, line_no, line, len, run_after);
     free(run_after);
     if (bad) {
       rc = cli_runtime_error(g, "out of memory");
@@ -257,7 +273,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     }
   }
   if (got == -2) {
-    rc = cli_usage_error(g, "%s line %ld: longer than %zu bytes (--max-line-bytes); nothing "
+    rc = cli_data_error(g, "%s line %ld: longer than %zu bytes (--max-line-bytes); nothing "
                          "was enqueued", name, line_no + 1, max_line);
     goto out;
   }
@@ -272,14 +288,11 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     goto out;
   }
 
-  size_t sqln = sizeof insert_fmt + strlen(t->qualified) + 128;
-  sql = malloc(sqln);
+  sql = insert_sql(t, "SELECT * FROM pg_temp.leash_enqueue_stage ORDER BY line OFFSET 0");
   if (!sql) {
     rc = cli_runtime_error(g, "out of memory");
     goto out;
   }
-  snprintf(sql, sqln, insert_fmt, t->qualified,
-           "SELECT * FROM pg_temp.leash_enqueue_stage ORDER BY line OFFSET 0");
   if (db_command(c, "BEGIN", err, sizeof err) != 0 ||
       db_command(c, "CREATE TEMP TABLE leash_enqueue_stage (line bigint, doc jsonb, "
                     "run_after timestamptz) ON COMMIT DROP", err, sizeof err) != 0) {
@@ -289,7 +302,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   PGresult *r = PQexec(c, "COPY pg_temp.leash_enqueue_stage (line, doc, run_after) FROM STDIN");
   int copying = PQresultStatus(r) == PGRES_COPY_IN;
   PQclear(r);
-  if (!copying || PQputCopyData(c, copy, (int)copylen) != 1 || PQputCopyEnd(c, NULL) != 1) {
+  if (!copying || PQputCopyData(c, copy.s, (int)copy.len) != 1 || PQputCopyEnd(c, NULL) != 1) {
     db_one_line(PQerrorMessage(c), err, sizeof err);
     rc = cli_runtime_error(g, "COPY failed: %s", err);
     goto rollback;
@@ -304,8 +317,8 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     db_one_line(primary ? primary : PQresultErrorMessage(r), err, sizeof err);
     const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
     if (row >= 1 && (size_t)row <= rows && state && strncmp(state, "22", 2) == 0)
-      rc = cli_usage_error(g, "%s line %ld: %s; nothing was enqueued",
-                           strcmp(path, "-") == 0 ? "stdin" : path, lines[row - 1], err);
+      rc = cli_data_error(g, "%s line %ld: %s; nothing was enqueued", name, lines[row - 1],
+                          err);
     else
       rc = cli_runtime_error(g, "COPY failed: %s", err);
     PQclear(r);
@@ -318,7 +331,7 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
                            d->batch, t->qualified, d->max_crashes };
   r = db_exec(c, sql, 8, params, err, sizeof err);
   if (!r) {
-    rc = data_error(g, err);
+    rc = db_data_error(g, err, 0);
     goto rollback;
   }
   long inserted = PQntuples(r);
@@ -349,7 +362,7 @@ out:
   if (f != stdin)
     fclose(f);
   free(line);
-  free(copy);
+  buf_free(&copy);
   free(lines);
   free(sql);
   return rc;
@@ -411,8 +424,10 @@ static int check_defaults(struct cli *g, const struct defaults *d)
 }
 
 /* A value PostgreSQL refused (SQLSTATE class 22: a bad --run-after timestamp, say) is the
-   user's input, so a usage error; anything else is a runtime failure. */
-static int data_error(struct cli *g, const char *err)
+   user's input: a usage error when it can only have come from the flags (with the hint), a
+   data error (one line) when a file's lines were written too; anything else is a runtime
+   failure. */
+static int db_data_error(struct cli *g, const char *err, int from_flags)
 {
   if (strncmp(db_last_sqlstate(), "22", 2) == 0) {
     /* The primary message only: libpq's "ERROR:  " prefix and the CONTEXT part (which
@@ -420,7 +435,9 @@ static int data_error(struct cli *g, const char *err)
     const char *m = strncmp(err, "ERROR:  ", 8) == 0 ? err + 8 : err;
     const char *ctx = strstr(m, " CONTEXT:");
     int n = ctx ? (int)(ctx - m) : (int)strlen(m);
-    return cli_usage_error(g, "%.*s; nothing was enqueued", n, m);
+    if (from_flags)
+      return cli_usage_error(g, "%.*s; nothing was enqueued", n, m);
+    return cli_data_error(g, "%.*s; nothing was enqueued", n, m);
   }
   return cli_runtime_error(g, "%s", err);
 }

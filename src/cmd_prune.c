@@ -1,5 +1,6 @@
 /* leash prune: delete old done/dead tasks in small transactions (retention). */
 #include "commands.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "migrate.h"
 
@@ -132,14 +133,22 @@ int cmd_prune(struct cli *g, int argc, char **argv)
   rc = EXIT_OK;
   goto out;
 fail:
-  rc = cli_runtime_error(g, "%s", err);
+  /* Chunks already committed stay deleted: the one error line says how many. */
   if (total > 0)
-    fprintf(stderr, "leash prune: %lld task%s had been deleted before the error\n", total,
-            total == 1 ? "" : "s");
+    rc = cli_runtime_error(g, "%s (%lld task%s had been deleted before the error)", err, total,
+                           total == 1 ? "" : "s");
+  else
+    rc = cli_runtime_error(g, "%s", err);
 out:
   free(sql);
   cli_close(c, &t);
   return rc;
+}
+
+/* 1 when the len bytes at p are the word w. */
+static int word_is(const char *p, size_t len, const char *w)
+{
+  return strlen(w) == len && strncmp(p, w, len) == 0;
 }
 
 /* "done", "dead", "done,dead" (any order, spaces allowed) into a text[] literal. */
@@ -154,12 +163,11 @@ static int parse_statuses(struct cli *g, const char *list, const char **out)
     const char *end = p + len;
     while (*end == ' ')
       end++;
-    if (len == 4 && strncmp(p, "done", 4) == 0)
+    if (word_is(p, len, STATUS_DONE))
       want_done = 1;
-    else if (len == 4 && strncmp(p, "dead", 4) == 0)
+    else if (word_is(p, len, STATUS_DEAD))
       want_dead = 1;
-    else if ((len == 7 && strncmp(p, "pending", 7) == 0) ||
-             (len == 6 && strncmp(p, "leased", 6) == 0))
+    else if (word_is(p, len, STATUS_PENDING) || word_is(p, len, STATUS_LEASED))
       return cli_usage_error(g, "--status: prune deletes only done and dead tasks, not %.*s ones",
                              (int)len, p);
     else
@@ -171,6 +179,8 @@ static int parse_statuses(struct cli *g, const char *list, const char **out)
       return cli_usage_error(g, "--status: expected a comma-separated list, not '%s'", list);
     p = end + 1;
   }
-  *out = want_done && want_dead ? "{done,dead}" : want_done ? "{done}" : "{dead}";
+  *out = want_done && want_dead ? "{" STATUS_DONE "," STATUS_DEAD "}"
+          : want_done            ? "{" STATUS_DONE "}"
+                                 : "{" STATUS_DEAD "}";
   return EXIT_OK;
 }

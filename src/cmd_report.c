@@ -1,4 +1,5 @@
 /* leash report: a batch's summary (totals, attempts, durations, dead reasons, wall time). */
+#include "buf.h"
 #include "commands.h"
 #include "migrate.h"
 #include "report.h"
@@ -51,7 +52,7 @@ int cmd_report(struct cli *g, int argc, char **argv)
     return cli_usage_error(g, "unexpected argument '%s'", argv[optind]);
 
   char *tenant_array = NULL;
-  if (ntenants && !(tenant_array = report_text_array(tenants, ntenants)))
+  if (ntenants && !(tenant_array = text_array_literal(tenants, (size_t)ntenants)))
     return cli_runtime_error(g, "out of memory");
   PGconn *c;
   struct db_table t;

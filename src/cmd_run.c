@@ -1,4 +1,5 @@
 /* leash run / leash check: options, then the host (host.c) or a load test of the script. */
+#include "buf.h"
 #include "commands.h"
 #include "host.h"
 #include "log.h"
@@ -212,7 +213,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
   }
   char *tenant_list = NULL;
   if (ntenants > 0) {
-    tenant_list = queue_array_literal(tenants, ntenants);
+    tenant_list = text_array_literal(tenants, (size_t)ntenants);
     if (!tenant_list)
       return cli_runtime_error(g, "out of memory");
     cfg.scope.tenants = tenant_list;

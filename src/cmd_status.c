@@ -1,6 +1,8 @@
 /* leash status: counts per status, runnable backlog and its age, leases per worker,
    throughput and ETA; --watch for a batch's progress. */
 #include "commands.h"
+#include "deadline.h"
+#include "lifecycle.h"
 #include "migrate.h"
 #include "report.h"
 
@@ -37,20 +39,20 @@ enum {
 };
 
 static const char counts_fmt[] =
-  "SELECT count(*) FILTER (WHERE status = 'pending'), "
-  "       count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), "
-  "       count(*) FILTER (WHERE status = 'leased'), "
-  "       count(*) FILTER (WHERE status = 'done'), "
-  "       count(*) FILTER (WHERE status = 'dead'), "
+  "SELECT count(*) FILTER (WHERE status = " SQL_PENDING "), "
+  "       count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()), "
+  "       count(*) FILTER (WHERE status = " SQL_LEASED "), "
+  "       count(*) FILTER (WHERE status = " SQL_DONE "), "
+  "       count(*) FILTER (WHERE status = " SQL_DEAD "), "
   "       extract(epoch FROM now() - min(run_after) "
-  "               FILTER (WHERE status = 'pending' AND run_after <= now()))::float8, "
-  "       count(*) FILTER (WHERE status IN ('done', 'dead') "
+  "               FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()))::float8, "
+  "       count(*) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ") "
   "                          AND finished_at > now() - interval '1 minute') "
   "  FROM %s WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR batch = $2)";
 
 static const char workers_fmt[] =
   "SELECT lease_owner, count(*) FROM %s "
-  " WHERE status = 'leased' AND ($1::text IS NULL OR tenant_id = $1) "
+  " WHERE status = " SQL_LEASED " AND ($1::text IS NULL OR tenant_id = $1) "
   "   AND ($2::text IS NULL OR batch = $2) GROUP BY 1 ORDER BY 1";
 
 /* --watch: one row per active batch (see usage). The rate window is the last minute, or the
@@ -60,19 +62,19 @@ static const char workers_fmt[] =
 #define WATCH_MAX_BATCHES 20
 static const char watch_fmt[] =
   "SELECT batch, "
-  "       count(*) FILTER (WHERE status = 'pending'), "
-  "       count(*) FILTER (WHERE status = 'leased'), "
-  "       count(*) FILTER (WHERE status = 'done'), "
-  "       count(*) FILTER (WHERE status = 'dead'), "
-  "       count(*) FILTER (WHERE status IN ('done', 'dead') "
+  "       count(*) FILTER (WHERE status = " SQL_PENDING "), "
+  "       count(*) FILTER (WHERE status = " SQL_LEASED "), "
+  "       count(*) FILTER (WHERE status = " SQL_DONE "), "
+  "       count(*) FILTER (WHERE status = " SQL_DEAD "), "
+  "       count(*) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ") "
   "                          AND finished_at > now() - interval '1 minute'), "
   "       least(60, greatest(1, extract(epoch FROM now() - min(started_at))))::float8, "
-  "       sum(count(*) FILTER (WHERE status IN ('pending', 'leased'))) OVER (), "
+  "       sum(count(*) FILTER (WHERE status IN (" SQL_PENDING ", " SQL_LEASED "))) OVER (), "
   "       count(*) OVER () "
   "  FROM %s WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR batch = $2) "
   " GROUP BY batch "
   "HAVING $2::text IS NOT NULL "
-  "    OR count(*) FILTER (WHERE status IN ('pending', 'leased')) > 0 "
+  "    OR count(*) FILTER (WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")) > 0 "
   "    OR max(finished_at) > now() - interval '5 minutes' "
   " ORDER BY batch NULLS FIRST LIMIT %d";
 
@@ -283,10 +285,10 @@ static void watch_frame(FILE *f, PGresult *r, const char *table, const char *bat
     if (mode == WATCH_JSON) {
       json_t *b = json_object(), *cnt = json_object();
       json_object_set_new(b, "batch", name ? json_string(name) : json_null());
-      json_object_set_new(cnt, "pending", json_integer(pending));
-      json_object_set_new(cnt, "leased", json_integer(leased));
-      json_object_set_new(cnt, "done", json_integer(done));
-      json_object_set_new(cnt, "dead", json_integer(dead));
+      json_object_set_new(cnt, STATUS_PENDING, json_integer(pending));
+      json_object_set_new(cnt, STATUS_LEASED, json_integer(leased));
+      json_object_set_new(cnt, STATUS_DONE, json_integer(done));
+      json_object_set_new(cnt, STATUS_DEAD, json_integer(dead));
       json_object_set_new(b, "counts", cnt);
       json_object_set_new(b, "total", json_integer(total));
       json_object_set_new(b, "progress", json_real(round(progress * 10000) / 10000));
@@ -345,18 +347,9 @@ static void watch_on_signal(int sig)
 /* Sleeps secs in short steps; -1 once a stop signal arrived. */
 static int watch_sleep(double secs)
 {
-  struct timespec end, now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  end = now;
-  end.tv_sec += (time_t)secs;
-  end.tv_nsec += (long)((secs - (double)(time_t)secs) * 1e9);
-  if (end.tv_nsec >= 1000000000L) {
-    end.tv_sec++;
-    end.tv_nsec -= 1000000000L;
-  }
+  struct timespec end = deadline_after(CLOCK_MONOTONIC, secs);
   while (!watch_stop) {
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+    if (deadline_passed(CLOCK_MONOTONIC, &end))
       return 0;
     struct timespec step = { 0, 50 * 1000000L };
     nanosleep(&step, NULL);
@@ -397,10 +390,10 @@ static void print_json(const char *table, const char *tenant, const char *batch,
   json_object_set_new(o, "table", json_string(table));
   json_object_set_new(o, "tenant", tenant ? json_string(tenant) : json_null());
   json_object_set_new(o, "batch", batch ? json_string(batch) : json_null());
-  json_object_set_new(cnt, "pending", count_value(counts, 0));
-  json_object_set_new(cnt, "leased", count_value(counts, 2));
-  json_object_set_new(cnt, "done", count_value(counts, 3));
-  json_object_set_new(cnt, "dead", count_value(counts, 4));
+  json_object_set_new(cnt, STATUS_PENDING, count_value(counts, 0));
+  json_object_set_new(cnt, STATUS_LEASED, count_value(counts, 2));
+  json_object_set_new(cnt, STATUS_DONE, count_value(counts, 3));
+  json_object_set_new(cnt, STATUS_DEAD, count_value(counts, 4));
   json_object_set_new(o, "counts", cnt);
   long long pending = strtoll(PQgetvalue(counts, 0, 0), NULL, 10);
   long long runnable = strtoll(PQgetvalue(counts, 0, 1), NULL, 10);

@@ -1,7 +1,7 @@
 /*
  * commands: one function per `leash COMMAND`, each in its own cmd_<name>.c. argv[0] is the
  * command's name; the function parses the rest (global options included) and returns the
- * process exit code (0 success, 1 runtime failure, 2 usage error).
+ * process exit code (0 success, 1 runtime failure, 2 usage or data error).
  */
 #ifndef LEASH_COMMANDS_H
 #define LEASH_COMMANDS_H

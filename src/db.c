@@ -177,13 +177,6 @@ void db_one_line(const char *msg, char *out, size_t outlen)
     out[--j] = '\0';
 }
 
-void db_describe(PGconn *c, char *out, size_t outlen)
-{
-  const char *host = PQhost(c);
-  snprintf(out, outlen, "database %s on %s:%s", PQdb(c), host && *host ? host : "local",
-           PQport(c));
-}
-
 int db_table_check_name(const char *spec, char *err, size_t errlen)
 {
   const char *dot = strchr(spec, '.');

@@ -49,9 +49,6 @@ int db_last_error_transient(void);
 /* Copies libpq's (multi-line) message into out as one line. */
 void db_one_line(const char *msg, char *out, size_t outlen);
 
-/* A connection's address for messages: "dbname on host:port". */
-void db_describe(PGconn *c, char *out, size_t outlen);
-
 /* The queue table's name, resolved once: NAME or SCHEMA.NAME (split at the first dot). */
 struct db_table {
   char *qualified;   /* quoted, ready to paste: "s"."t" or "t" */

@@ -12,8 +12,7 @@
 #include <strings.h>
 
 static int check_string(json_t *v, const char *key, int nullable, char *err, size_t errlen);
-static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
-static int append_escaped(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+static void add_escaped(struct buf *b, const char *s, size_t n);
 
 static const char *const known_keys[] = {
   "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
@@ -171,18 +170,17 @@ int enqueue_check_run_after(const char *field, const char *value, char *err, siz
   return 0;
 }
 
-int enqueue_copy_row(char **buf, size_t *len, size_t *cap, long line_no, const char *doc,
-                     size_t doclen, const char *run_after)
+int enqueue_copy_row(struct buf *b, long line_no, const char *doc, size_t doclen,
+                     const char *run_after)
 {
-  char num[32];
-  int n = snprintf(num, sizeof num, "%ld\t", line_no);
-  if (append(buf, len, cap, num, (size_t)n) || append_escaped(buf, len, cap, doc, doclen) ||
-      append(buf, len, cap, "\t", 1))
-    return -1;
-  if (run_after ? append_escaped(buf, len, cap, run_after, strlen(run_after))
-                : append(buf, len, cap, "\\N", 2))
-    return -1;
-  return append(buf, len, cap, "\n", 1);
+  buf_printf(b, "%ld\t", line_no);
+  add_escaped(b, doc, doclen);
+  buf_add(b, "\t", 1);
+  if (run_after)
+    add_escaped(b, run_after, strlen(run_after));
+  else
+    buf_add(b, "\\N", 2);
+  return buf_add(b, "\n", 1);
 }
 
 static int check_string(json_t *v, const char *key, int nullable, char *err, size_t errlen)
@@ -196,25 +194,8 @@ static int check_string(json_t *v, const char *key, int nullable, char *err, siz
   return 0;
 }
 
-static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-  if (*len + n + 1 > *cap) {
-    size_t c = *cap ? *cap : 65536;
-    while (c < *len + n + 1)
-      c *= 2;
-    char *nb = realloc(*buf, c);
-    if (!nb)
-      return -1;
-    *buf = nb;
-    *cap = c;
-  }
-  memcpy(*buf + *len, s, n);
-  *len += n;
-  return 0;
-}
-
 /* COPY text format: backslash, tab, newline and carriage return are escaped. */
-static int append_escaped(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+static void add_escaped(struct buf *b, const char *s, size_t n)
 {
   size_t start = 0;
   for (size_t i = 0; i < n; i++) {
@@ -226,9 +207,9 @@ static int append_escaped(char **buf, size_t *len, size_t *cap, const char *s, s
     case '\r': esc = "\\r"; break;
     default: continue;
     }
-    if (append(buf, len, cap, s + start, i - start) || append(buf, len, cap, esc, 2))
-      return -1;
+    buf_add(b, s + start, i - start);
+    buf_add(b, esc, 2);
     start = i + 1;
   }
-  return append(buf, len, cap, s + start, n - start);
+  buf_add(b, s + start, n - start);
 }

@@ -12,6 +12,8 @@
 #ifndef LEASH_ENQUEUE_H
 #define LEASH_ENQUEUE_H
 
+#include "buf.h"
+
 #include <stddef.h>
 
 enum enqueue_verdict {
@@ -34,9 +36,9 @@ int enqueue_check_key(const char *field, const char *value, size_t len, char *er
    runnable at infinity is never claimed and never dies); 0, or -1 with err. */
 int enqueue_check_run_after(const char *field, const char *value, char *err, size_t errlen);
 
-/* Appends "line_no \t doc \t run_after \n" (COPY text format, \N for NULL) to *buf,
-   growing it; returns 0 or -1 when out of memory. */
-int enqueue_copy_row(char **buf, size_t *len, size_t *cap, long line_no, const char *doc,
-                     size_t doclen, const char *run_after);
+/* Appends "line_no \t doc \t run_after \n" (COPY text format, \N for NULL) to b;
+   returns 0, or -1 when out of memory (then and after, b->oom is set). */
+int enqueue_copy_row(struct buf *b, long line_no, const char *doc, size_t doclen,
+                     const char *run_after);
 
 #endif

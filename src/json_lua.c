@@ -2,7 +2,7 @@
 #include "json_lua.h"
 
 #include "luatext.h"
-#include "textbuf.h"
+#include "buf.h"
 
 #include <lauxlib.h>
 #include <limits.h>
@@ -303,7 +303,7 @@ static json_t *to_json(lua_State *L, int idx, size_t max, int *too_big, char *er
 
 /* The text being dumped; the dump fails once it would pass max. */
 struct bounded_buf {
-  struct textbuf t;
+  struct buf t;
   size_t max;
   int too_big;
 };
@@ -315,7 +315,7 @@ static int dump_bounded(const char *buf, size_t size, void *data)
     b->too_big = 1;
     return -1;
   }
-  return textbuf_add(&b->t, buf, size);
+  return buf_add(&b->t, buf, size);
 }
 
 char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *err,
@@ -333,7 +333,7 @@ char *jsonlua_encode_max(lua_State *L, int idx, size_t max, int *too_big, char *
      that grows when escaped cannot get past it either. */
   if (json_dump_callback(j, dump_bounded, &b, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY |
                          JSON_REAL_PRECISION(17)) != 0 || b.t.s == NULL) {
-    textbuf_free(&b.t);
+    buf_free(&b.t);
     if (b.too_big) {
       snprintf(err, errlen, "the JSON text is larger than the limit of %zu bytes", max);
       if (too_big)

@@ -5,7 +5,7 @@
  * never nil; integers stay Lua integers; arrays carry the "leash.array" metatable so an
  * empty array re-encodes as [] rather than {}. Nesting is capped at JSONLUA_MAX_DEPTH in
  * both directions, which also turns a cyclic table into an error instead of a crash.
- * Relies on jansson, the Lua 5.4 C API, luatext.h and textbuf.h only; no libpq, no host state.
+ * Relies on jansson, the Lua 5.4 C API, luatext.h and buf.h only; no libpq, no host state.
  */
 #ifndef LEASH_JSON_LUA_H
 #define LEASH_JSON_LUA_H

@@ -4,9 +4,9 @@
 #include <math.h>
 
 static const char *const kind_sql[OUTCOME_KINDS] = {
-  [OUTCOME_SUCCESS] = "done",
+  [OUTCOME_SUCCESS] = STATUS_DONE,
   [OUTCOME_RETRY] = "retry",
-  [OUTCOME_FATAL] = "dead",
+  [OUTCOME_FATAL] = STATUS_DEAD,
 };
 
 static const struct {

@@ -13,10 +13,19 @@
 #define STATUS_LEASED  "leased"
 #define STATUS_DONE    "done"
 #define STATUS_DEAD    "dead"
+/* The same words as SQL literals, for the statements C writes ("status = " SQL_DEAD). */
+#define SQL_PENDING "'" STATUS_PENDING "'"
+#define SQL_LEASED  "'" STATUS_LEASED "'"
+#define SQL_DONE    "'" STATUS_DONE "'"
+#define SQL_DEAD    "'" STATUS_DEAD "'"
 
 /* Defaults a row gets when its inserter names none (the table's column defaults say the same). */
 #define LIFECYCLE_DEFAULT_MAX_ATTEMPTS 8
 #define LIFECYCLE_DEFAULT_MAX_CRASHES  3
+#define LIFECYCLE_DEFAULT_TENANT       "default"
+/* A number above as text, for help texts: LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_ATTEMPTS). */
+#define LIFECYCLE_STR(x) LIFECYCLE_STR_(x)
+#define LIFECYCLE_STR_(x) #x
 /* Bounds of a row, enforced by the table's constraints (sql/010_outcome_causes.sql): what the
    claim can lease (one_lease_per_shard's btree entry holds tenant_id and shard_key) and the
    counters can count. Lengths in bytes (octet_length). */

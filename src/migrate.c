@@ -1,6 +1,7 @@
 /* migrate: placeholder expansion and the apply loop. See migrate.h. */
 #include "migrate.h"
 
+#include "buf.h"
 #include "log.h"
 #include "migrations.h"
 
@@ -8,12 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct buf {
-  char *s;
-  size_t len, cap;
-};
-
-static int buf_add(struct buf *b, const char *s, size_t n);
 static int applied_versions(PGconn *c, const char *history, int *max_version, char *err,
                             size_t errlen);
 static const char *comment_end(const char *p);
@@ -119,9 +114,10 @@ char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char 
       goto oom;
     p = close + 2;
   }
-  if (buf_add(&b, "", 1) != 0)
+  char *out = buf_take(&b);   /* "" for an empty text */
+  if (!out)
     goto oom;
-  return b.s;
+  return out;
 oom:
   snprintf(err, errlen, "out of memory expanding a migration");
 fail:
@@ -251,22 +247,5 @@ static int applied_versions(PGconn *c, const char *history, int *max_version, ch
     return -1;
   *max_version = atoi(PQgetvalue(r, 0, 0));
   PQclear(r);
-  return 0;
-}
-
-static int buf_add(struct buf *b, const char *s, size_t n)
-{
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    char *ns = realloc(b->s, cap);
-    if (!ns)
-      return -1;
-    b->s = ns;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->len, s, n);
-  b->len += n;
   return 0;
 }

@@ -1,6 +1,8 @@
-/* queue: the protocol's statements. See queue.h and sql/002_leases.sql. */
+/* queue: the lifecycle's statements. See queue.h, sql/010_outcome_causes.sql (the cycle and
+   the reaper) and docs/ARCHITECTURE.md. */
 #include "queue.h"
 
+#include "buf.h"
 #include "lifecycle.h"
 #include "log.h"
 
@@ -17,17 +19,8 @@ struct queue {
   double visibility_s;
 };
 
-/* Growable text for array literals: {1,2,3} and {"a","b"}. */
-struct text {
-  char *s;
-  size_t len, cap;
-  int oom;
-};
-
 static char *format_sql(const char *fmt, const char *a);
 static char *format_sql2(const char *fmt, const char *a);
-static void text_add(struct text *b, const char *s, size_t n);
-static void text_add_quoted(struct text *b, const char *s);
 static char *key_array(const struct lease_key *keys, int n, int attempts);
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
 
@@ -42,18 +35,18 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows)
     goto fail;
   /* How many were reaped, and of those how many went dead as quarantined or exhausted. */
-#define REAP_COUNTS "SELECT count(*), count(*) FILTER (WHERE status = 'dead' AND cause = " \
-                    "'quarantined'), count(*) FILTER (WHERE status = 'dead' AND cause <> " \
+#define REAP_COUNTS "SELECT count(*), count(*) FILTER (WHERE status = " SQL_DEAD " AND cause = " \
+                    "'quarantined'), count(*) FILTER (WHERE status = " SQL_DEAD " AND cause <> " \
                     "'quarantined') FROM %s()"
   q->reap_sql = format_sql(REAP_COUNTS, reap);
   q->reap_rows_sql = format_sql(REAP_COUNTS, reap_rows);
 #undef REAP_COUNTS
   /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
   q->depth_sql = format_sql(
-    "SELECT count(*) FILTER (WHERE status = 'pending' AND run_after <= now()), "
-    "       count(*) FILTER (WHERE status = 'pending' AND run_after > now()), "
-    "       count(*) FILTER (WHERE status = 'leased') "
-    "  FROM %s WHERE status IN ('pending', 'leased')", t->qualified);
+    "SELECT count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()), "
+    "       count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after > now()), "
+    "       count(*) FILTER (WHERE status = " SQL_LEASED ") "
+    "  FROM %s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")", t->qualified);
   /* The same text calls the cycle and its row-by-row fallback (sql/010). */
   static const char cycle_fmt[] =
     "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
@@ -74,12 +67,12 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "  UPDATE %s q SET locked_until = now() + make_interval(secs => $4::float8) "
     "    FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt), mine m "
     "   WHERE q.id = u.id AND m.id = q.id AND q.attempts = u.attempt AND q.lease_owner = $3 "
-    "     AND q.status = 'leased' AND q.locked_until > now() "
+    "     AND q.status = " SQL_LEASED " AND q.locked_until > now() "
     "  RETURNING q.id"
     ") SELECT m.id, r.id IS NOT NULL FROM mine m LEFT JOIN renewed r ON r.id = m.id",
     t->qualified);
   q->open_sql = format_sql(
-    "SELECT EXISTS (SELECT 1 FROM %s WHERE status IN ('pending', 'leased') "
+    "SELECT EXISTS (SELECT 1 FROM %s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ") "
     "  AND ($1::text[] IS NULL OR tenant_id = ANY ($1::text[])) "
     "  AND ($2::text IS NULL OR batch = $2))", t->qualified);
   q->owner = strdup(owner);
@@ -125,52 +118,43 @@ void queue_free(struct queue *q)
 /* The array parameters of a settle ({ids}, {attempts}, {kinds}, {delays}, {errors},
    {results}, {causes}, {crashed}) for the first n tasks of list. 0, or -1 when out of
    memory (arrays freed). */
-static int settle_arrays(struct task *list, int n, struct text a[SETTLE_ARRAYS])
+static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
 {
-  char num[64];
   int i = 0;
   memset(a, 0, SETTLE_ARRAYS * sizeof a[0]);
   for (int k = 0; k < SETTLE_ARRAYS; k++)
-    text_add(&a[k], "{", 1);
+    buf_add(&a[k], "{", 1);
   for (struct task *t = list; t && i < n; t = t->next, i++) {
     const char *sep = i ? "," : "";
-    snprintf(num, sizeof num, "%s%lld", sep, (long long)t->id);
-    text_add(&a[0], num, strlen(num));
-    snprintf(num, sizeof num, "%s%d", sep, t->attempt);
-    text_add(&a[1], num, strlen(num));
-    text_add(&a[2], sep, strlen(sep));
-    const char *kind = lifecycle_kind_sql(t->out.kind);
-    text_add(&a[2], kind, strlen(kind));
+    buf_printf(&a[0], "%s%lld", sep, (long long)t->id);
+    buf_printf(&a[1], "%s%d", sep, t->attempt);
+    buf_printf(&a[2], "%s%s", sep, lifecycle_kind_sql(t->out.kind));
     if (t->out.kind == OUTCOME_RETRY && t->out.delay >= 0)
-      snprintf(num, sizeof num, "%s%.3f", sep, t->out.delay);
+      buf_printf(&a[3], "%s%.3f", sep, t->out.delay);
     else
-      snprintf(num, sizeof num, "%sNULL", sep);
-    text_add(&a[3], num, strlen(num));
-    text_add(&a[4], sep, strlen(sep));
+      buf_printf(&a[3], "%sNULL", sep);
+    buf_puts(&a[4], sep);
     if (t->out.error)
-      text_add_quoted(&a[4], t->out.error);
+      buf_add_array_elem(&a[4], t->out.error);
     else
-      text_add(&a[4], "NULL", 4);
-    text_add(&a[5], sep, strlen(sep));
+      buf_puts(&a[4], "NULL");
+    buf_puts(&a[5], sep);
     if (t->out.result)
-      text_add_quoted(&a[5], t->out.result);
+      buf_add_array_elem(&a[5], t->out.result);
     else
-      text_add(&a[5], "NULL", 4);
+      buf_puts(&a[5], "NULL");
     /* Cause names are lower-case words: no quoting needed. */
-    const char *cause = lifecycle_cause_name(t->out.cause);
-    text_add(&a[6], sep, strlen(sep));
-    text_add(&a[6], cause, strlen(cause));
-    text_add(&a[7], sep, strlen(sep));
-    text_add(&a[7], lifecycle_cause_is_crash(t->out.cause) ? "t" : "f", 1);
+    buf_printf(&a[6], "%s%s", sep, lifecycle_cause_name(t->out.cause));
+    buf_printf(&a[7], "%s%s", sep, lifecycle_cause_is_crash(t->out.cause) ? "t" : "f");
   }
   int oom = 0;
   for (int k = 0; k < SETTLE_ARRAYS; k++) {
-    text_add(&a[k], "}", 1);
+    buf_add(&a[k], "}", 1);
     oom |= a[k].oom;
   }
   if (oom) {
     for (int k = 0; k < SETTLE_ARRAYS; k++)
-      free(a[k].s);
+      buf_free(&a[k]);
     return -1;
   }
   return 0;
@@ -199,11 +183,12 @@ static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
       continue;
     const char *status = PQgetvalue(r, row, 9);
     const char *cause = PQgetvalue(r, row, 10);
-    applied[keys[k].pos] = strcmp(status, "done") == 0      ? SETTLED_DONE
-                           : strcmp(status, "pending") == 0 ? SETTLED_PENDING
-                           : strcmp(cause, "quarantined") == 0 ? SETTLED_QUARANTINED
-                           : strcmp(cause, "bad_row") == 0 ? SETTLED_BAD_ROW
-                                                            : SETTLED_DEAD;
+    applied[keys[k].pos] =
+      strcmp(status, STATUS_DONE) == 0                              ? SETTLED_DONE
+      : strcmp(status, STATUS_PENDING) == 0                         ? SETTLED_PENDING
+      : strcmp(cause, lifecycle_cause_name(CAUSE_QUARANTINED)) == 0 ? SETTLED_QUARANTINED
+      : strcmp(cause, lifecycle_cause_name(CAUSE_BAD_ROW)) == 0     ? SETTLED_BAD_ROW
+                                                                    : SETTLED_DEAD;
   }
   free(keys);
   return 0;
@@ -213,7 +198,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
                 char *err, size_t errlen)
 {
-  struct text a[SETTLE_ARRAYS];
+  struct buf a[SETTLE_ARRAYS];
   char nbuf[16];
   *out = NULL;
   if (settle_arrays(list, n, a) != 0) {
@@ -234,7 +219,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
     r = db_exec_prepared(c, "leash_cycle_rows", q->cycle_rows_sql, 13, params, err, errlen);
   }
   for (int k = 0; k < SETTLE_ARRAYS; k++)
-    free(a[k].s);
+    buf_free(&a[k]);
   if (!r)
     return -1;
   if (n > 0 && mark_applied(r, list, n, applied) != 0) {
@@ -419,11 +404,14 @@ int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, ch
   return open;
 }
 
+/* The wake-up channel of the table named by $1: "leash_<table oid>". The one spelling in C;
+   sql/002's trigger and the reap/release/cycle functions compute the same name. */
+#define CHANNEL_OF_1 "('leash_' || $1::regclass::oid::text)"
+
 char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen)
 {
   const char *params[] = { t->qualified };
-  PGresult *r = db_exec(c, "SELECT 'leash_' || to_regclass($1)::oid::text", 1, params, err,
-                        errlen);
+  PGresult *r = db_exec(c, "SELECT " CHANNEL_OF_1, 1, params, err, errlen);
   if (!r)
     return NULL;
   char *out = NULL;
@@ -437,6 +425,115 @@ char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t er
   if (!out)
     snprintf(err, errlen, "out of memory");
   return out;
+}
+
+int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  const char *params[] = { t->qualified };
+  PGresult *r = db_exec(c, "SELECT pg_notify(" CHANNEL_OF_1 ", '')", 1, params, err, errlen);
+  if (!r)
+    return -1;
+  PQclear(r);
+  return 0;
+}
+
+char *queue_insert_sql(const char *table, const char *source)
+{
+  /* The defaults of a task, applied to what the source leaves NULL: lifecycle.h's (the
+     table's column defaults say the same for inserts that bypass leash). */
+  static const char fmt[] =
+    "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
+    "                max_crashes) "
+    "SELECT s.id, coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "'), "
+    "       coalesce(s.shard_key, 'task:' || s.id), s.payload, coalesce(s.run_after, now()), "
+    "       coalesce(s.max_attempts, %d), s.batch, coalesce(s.max_crashes, %d) "
+    "  FROM (%s) s "
+    "RETURNING id";
+  size_t n = sizeof fmt + strlen(table) + strlen(source) + 32;
+  char *sql = malloc(n);
+  if (sql)
+    snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
+             source);
+  return sql;
+}
+
+/* What a requeued row becomes: a fresh start for its attempts and its crashes (a quarantined
+   task runs again, with max_crashes more crashes allowed). */
+#define REQUEUE_SET \
+  "SET status = " SQL_PENDING ", attempts = 0, crashes = 0, last_cause = NULL, " \
+  "    run_after = now(), locked_until = NULL, updated_at = now() "
+
+int queue_requeue_dead(PGconn *c, const struct db_table *t, const char *tenant,
+                       const char *batch, int chunk, long long *count, char *err,
+                       size_t errlen)
+{
+  /* One chunk: $1 the last id done, $2 tenant, $3 batch, $4 the chunk size. Walking ids
+     upwards ends the loop even when requeued tasks die again at once. */
+  static const char fmt[] =
+    "WITH c AS ("
+    "  SELECT id FROM %s"
+    "   WHERE id > $1::bigint AND status = " SQL_DEAD
+    "     AND ($2::text IS NULL OR tenant_id = $2::text)"
+    "     AND ($3::text IS NULL OR batch = $3::text)"
+    "   ORDER BY id LIMIT $4::int FOR UPDATE SKIP LOCKED"
+    "), u AS ("
+    "  UPDATE %s q " REQUEUE_SET " FROM c WHERE q.id = c.id AND q.status = " SQL_DEAD
+    "  RETURNING q.id"
+    ") SELECT (SELECT count(*) FROM u), (SELECT max(id) FROM c)";
+  char *sql = format_sql2(fmt, t->qualified), last[24] = "0", size[16];
+  if (!sql) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  snprintf(size, sizeof size, "%d", chunk);
+  int rc = -1;
+  for (;;) {
+    const char *params[] = { last, tenant, batch, size };
+    PGresult *r = db_exec(c, sql, 4, params, err, errlen);
+    if (!r)
+      break;
+    *count += strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    int more = !PQgetisnull(r, 0, 1);
+    if (more)
+      snprintf(last, sizeof last, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    if (!more) {
+      rc = 0;
+      break;
+    }
+  }
+  free(sql);
+  return rc;
+}
+
+PGresult *queue_requeue_ids(PGconn *c, const struct db_table *t, const char *ids,
+                            const char *tenant, const char *batch, char *err, size_t errlen)
+{
+  static const char fmt[] =
+    "WITH u AS ("
+    "  UPDATE %s q " REQUEUE_SET
+    "   WHERE q.id = ANY ($1::bigint[]) AND q.status = " SQL_DEAD
+    "     AND ($2::text IS NULL OR q.tenant_id = $2::text)"
+    "     AND ($3::text IS NULL OR q.batch = $3::text)"
+    "  RETURNING q.id"
+    ") SELECT g.id,"
+    "         CASE WHEN u.id IS NOT NULL THEN NULL"
+    "              WHEN q.id IS NULL THEN 'no such task'"
+    "              WHEN q.status <> " SQL_DEAD " THEN q.status"
+    "              ELSE 'outside --tenant/--batch' END"
+    "    FROM (SELECT DISTINCT unnest($1::bigint[]) AS id) g"
+    "    LEFT JOIN u ON u.id = g.id"
+    "    LEFT JOIN %s q ON q.id = g.id"
+    "   ORDER BY g.id";
+  char *sql = format_sql2(fmt, t->qualified);
+  if (!sql) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  const char *params[] = { ids, tenant, batch };
+  PGresult *r = db_exec(c, sql, 3, params, err, errlen);
+  free(sql);
+  return r;
 }
 
 int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db_table *t)
@@ -457,24 +554,24 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
              "INSERT INTO %s (task_id, name, result, attempt) "
              "SELECT $1, $2, $3::jsonb, $4 FROM %s q "
              " WHERE q.id = $1 AND q.attempts = $4 AND q.lease_owner = $5 "
-             "   AND q.status = 'leased' AND q.locked_until > now() "
+             "   AND q.status = " SQL_LEASED " AND q.locked_until > now() "
              "   FOR SHARE OF q "
              "ON CONFLICT (task_id, name) DO NOTHING RETURNING 1", steps, t->qualified);
   /* A child task: the parent's tenant and batch unless given; a shard of its own unless
      given. Written only while the parent's lease holds ($9 id, $10 owner, $11 attempt). */
-  n = 3 * strlen(t->qualified) + 1024;
-  s->enqueue = malloc(n);
-  if (s->enqueue)
-    snprintf(s->enqueue, n,
-             "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch) "
-             "SELECT n.id, coalesce($1, p.tenant_id), coalesce($2, 'task:' || n.id), $3::jsonb, "
-             "       now() + make_interval(secs => coalesce($4::float8, 0)), "
-             "       coalesce($5::int, 8), CASE WHEN $6::boolean THEN $7 ELSE p.batch END "
-             "  FROM %s p, (SELECT nextval(pg_get_serial_sequence($8, 'id')) AS id) n "
-             " WHERE p.id = $9 AND p.lease_owner = $10 AND p.attempts = $11 "
-             "   AND p.status = 'leased' AND p.locked_until > now() "
-             "   FOR SHARE OF p "
-             "RETURNING id", t->qualified, t->qualified);
+  static const char child_fmt[] =
+    "SELECT nextval(pg_get_serial_sequence($8, 'id')) AS id, "
+    "       coalesce($1, p.tenant_id) AS tenant_id, $2::text AS shard_key, "
+    "       $3::jsonb AS payload, now() + make_interval(secs => $4::float8) AS run_after, "
+    "       $5::int AS max_attempts, CASE WHEN $6::boolean THEN $7 ELSE p.batch END AS batch, "
+    "       NULL::int AS max_crashes "
+    "  FROM %s p "
+    " WHERE p.id = $9 AND p.lease_owner = $10 AND p.attempts = $11 "
+    "   AND p.status = " SQL_LEASED " AND p.locked_until > now() "
+    "   FOR SHARE OF p";
+  char *child = format_sql(child_fmt, t->qualified);
+  s->enqueue = child ? queue_insert_sql(t->qualified, child) : NULL;
+  free(child);
   free(steps);
   if (!s->step_get || !s->step_put || !s->enqueue) {
     queue_script_sql_free(s);
@@ -489,23 +586,6 @@ void queue_script_sql_free(struct queue_script_sql *s)
   free(s->step_put);
   free(s->enqueue);
   memset(s, 0, sizeof *s);
-}
-
-char *queue_array_literal(const char *const *values, int n)
-{
-  struct text b = { 0 };
-  text_add(&b, "{", 1);
-  for (int i = 0; i < n; i++) {
-    if (i)
-      text_add(&b, ",", 1);
-    text_add_quoted(&b, values[i]);
-  }
-  text_add(&b, "}", 1);
-  if (b.oom) {
-    free(b.s);
-    return NULL;
-  }
-  return b.s;
 }
 
 /* Claimed rows, columns from `first`: id, attempts, max_attempts, tenant_id, shard_key,
@@ -561,54 +641,14 @@ static char *format_sql(const char *fmt, const char *a)
   return s;
 }
 
-static void text_add(struct text *b, const char *s, size_t n)
-{
-  if (b->oom)
-    return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 256;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    char *ns = realloc(b->s, cap);
-    if (!ns) {
-      b->oom = 1;
-      return;
-    }
-    b->s = ns;
-    b->cap = cap;
-  }
-  memcpy(b->s + b->len, s, n);
-  b->len += n;
-  b->s[b->len] = '\0';
-}
-
-/* An element of an array literal: double-quoted, with " and \ escaped. */
-static void text_add_quoted(struct text *b, const char *s)
-{
-  text_add(b, "\"", 1);
-  for (const char *p = s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      text_add(b, "\\", 1);
-    text_add(b, p, 1);
-  }
-  text_add(b, "\"", 1);
-}
-
 /* {id,...} (attempts = 0) or {attempt,...} (1) of keys, as an array literal. */
 static char *key_array(const struct lease_key *keys, int n, int attempts)
 {
-  struct text b = { 0 };
-  char num[32];
-  text_add(&b, "{", 1);
-  for (int i = 0; i < n; i++) {
-    snprintf(num, sizeof num, "%s%lld", i ? "," : "",
-             attempts ? (long long)keys[i].attempt : (long long)keys[i].id);
-    text_add(&b, num, strlen(num));
-  }
-  text_add(&b, "}", 1);
-  if (b.oom) {
-    free(b.s);
-    return NULL;
-  }
-  return b.s;
+  struct buf b = { 0 };
+  buf_add(&b, "{", 1);
+  for (int i = 0; i < n; i++)
+    buf_printf(&b, "%s%lld", i ? "," : "",
+               attempts ? (long long)keys[i].attempt : (long long)keys[i].id);
+  buf_add(&b, "}", 1);
+  return buf_take(&b);
 }

@@ -1,8 +1,10 @@
 /*
- * queue: every SQL statement of the lease protocol, on a connection the caller owns:
- * the cycle (settle, batched and fenced, plus claim), heartbeat (one statement for all leases), reap,
- * release on drain, and the scope check of --until-empty. The functions themselves live in
- * sql/ (created by migrate); this unit holds their quoted names and binds parameters.
+ * queue: every SQL statement that creates a task or changes its status or lease, on a
+ * connection the caller owns: the insert (enqueue and leash.enqueue), the cycle (settle,
+ * batched and fenced, plus claim), heartbeat (one statement for all leases), reap, release
+ * on drain, requeue, the wake-up channel, and the scope check of --until-empty. The cycle,
+ * reap and release live in sql/ (created by migrate); this unit holds their quoted names and
+ * binds parameters. docs/ARCHITECTURE.md draws where a task goes.
  * A failure returns -1 with a one-line message; the caller decides on reconnecting.
  */
 #ifndef LEASH_QUEUE_H
@@ -91,7 +93,9 @@ int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, ch
 struct queue_script_sql {
   char *step_get;    /* $1 task id, $2 name → result::text (one row when stored) */
   char *step_put;    /* $1 id, $2 name, $3 result, $4 attempt, $5 owner → a row if written */
-  char *enqueue;     /* see queue.c */
+  char *enqueue;     /* a child task: $1 tenant, $2 shard, $3 payload, $4 delay (s), $5 max
+                        attempts, $6 batch given, $7 batch, $8 the table; the parent's
+                        lease: $9 id, $10 owner, $11 attempt → its id if written */
 };
 
 /* Fills s for table t; 0, or -1 when out of memory (s is then freed). */
@@ -101,10 +105,32 @@ void queue_script_sql_free(struct queue_script_sql *s);
 /* Queue depth for metrics: runnable, scheduled (pending later), leased. 0 or -1. */
 int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t errlen);
 
-/* A text[] literal ({"a","b"}) of n strings, escaped; malloc'd, NULL when out of memory. */
-char *queue_array_literal(const char *const *values, int n);
-
-/* The LISTEN channel: "leash_<table oid>" (the trigger's name for it), quoted. malloc'd. */
+/* LISTEN on the table's wake-up channel ("leash_<table oid>", the trigger's name for it),
+   as a statement. malloc'd, or NULL with err. */
 char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen);
+
+/* Wakes the table's idle workers (rows became runnable outside a trigger). 0 or -1. */
+int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
+
+/* The one task INSERT: rows of `source`, a SELECT with the columns id (drawn from the
+   table's sequence, so that a default shard can name it), tenant_id, shard_key, payload
+   (jsonb), run_after, max_attempts, batch, max_crashes; a NULL gets lifecycle.h's default
+   (batch stays NULL). Returns the ids inserted. malloc'd, NULL when out of memory. */
+char *queue_insert_sql(const char *table, const char *source);
+
+/* requeue: dead tasks back to pending, attempts and crashes 0, last_cause cleared, runnable
+   now, lease cleared; stored steps, last_error and result kept. Only dead rows change. */
+
+/* Every dead task of the scope (tenant, batch: NULL for all), `chunk` rows per transaction;
+   *count grows by each committed chunk (so it is right even after an error). 0 or -1. */
+int queue_requeue_dead(PGconn *c, const struct db_table *t, const char *tenant,
+                       const char *batch, int chunk, long long *count, char *err,
+                       size_t errlen);
+
+/* The tasks of ids (a bigint[] literal) that are dead and in scope, in one statement. One
+   row per distinct id, in id order: (id, NULL) when requeued, else (id, why not: its status,
+   "no such task" or "outside --tenant/--batch"). NULL with err on failure. */
+PGresult *queue_requeue_ids(PGconn *c, const struct db_table *t, const char *ids,
+                            const char *tenant, const char *batch, char *err, size_t errlen);
 
 #endif

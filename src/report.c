@@ -1,6 +1,8 @@
 /* report: a scope's summary in one statement, printed as text or JSON. See report.h. */
 #include "report.h"
 
+#include "lifecycle.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -16,10 +18,10 @@
 static const char report_fmt[] =
   "WITH s AS MATERIALIZED ("
   "  SELECT id, status, attempts, started_at, finished_at, crashes,"
-  "         CASE WHEN status = 'dead' THEN coalesce(last_cause, 'unknown') END AS cause,"
-  "         CASE WHEN status = 'done' AND finished_at IS NOT NULL AND started_at IS NOT NULL"
+  "         CASE WHEN status = " SQL_DEAD " THEN coalesce(last_cause, 'unknown') END AS cause,"
+  "         CASE WHEN status = " SQL_DONE " AND finished_at IS NOT NULL AND started_at IS NOT NULL"
   "              THEN extract(epoch FROM finished_at - started_at)::float8 END AS d,"
-  "         CASE WHEN status = 'dead'"
+  "         CASE WHEN status = " SQL_DEAD
   "              THEN coalesce(nullif(left(split_part(last_error, E'\\n', 1), 200), ''),"
   "                            '(no message)') END AS reason"
   "    FROM %s"
@@ -27,10 +29,10 @@ static const char report_fmt[] =
   "     AND ($2::text IS NULL OR batch = $2::text)"
   "), a AS ("
   "  SELECT count(*) AS total,"
-  "         count(*) FILTER (WHERE status = 'pending') AS pending,"
-  "         count(*) FILTER (WHERE status = 'leased') AS leased,"
-  "         count(*) FILTER (WHERE status = 'done') AS done,"
-  "         count(*) FILTER (WHERE status = 'dead') AS dead,"
+  "         count(*) FILTER (WHERE status = " SQL_PENDING ") AS pending,"
+  "         count(*) FILTER (WHERE status = " SQL_LEASED ") AS leased,"
+  "         count(*) FILTER (WHERE status = " SQL_DONE ") AS done,"
+  "         count(*) FILTER (WHERE status = " SQL_DEAD ") AS dead,"
   "         coalesce(sum(greatest(attempts - 1, 0)), 0) AS retries,"
   "         count(*) FILTER (WHERE attempts > 1) AS retried_tasks,"
   "         count(d) AS timed,"
@@ -38,7 +40,7 @@ static const char report_fmt[] =
   "         percentile_disc(0.95) WITHIN GROUP (ORDER BY d) AS p95,"
   "         max(d) AS dmax,"
   "         min(started_at) AS first_claim,"
-  "         max(finished_at) FILTER (WHERE status IN ('done', 'dead')) AS last_finish,"
+  "         max(finished_at) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ")) AS last_finish,"
   "         count(DISTINCT reason) AS reasons,"
   "         coalesce(sum(crashes), 0) AS crashes,"
   "         count(*) FILTER (WHERE crashes > 0) AS crashed_tasks"
@@ -48,8 +50,8 @@ static const char report_fmt[] =
   "  'table', $3::regclass::text,"
   "  'tenants', to_json($1::text[]),"
   "  'batch', $2::text,"
-  "  'counts', json_build_object('pending', a.pending, 'leased', a.leased,"
-  "                              'done', a.done, 'dead', a.dead),"
+  "  'counts', json_build_object(" SQL_PENDING ", a.pending, " SQL_LEASED ", a.leased,"
+  "                              " SQL_DONE ", a.done, " SQL_DEAD ", a.dead),"
   "  'total', a.total,"
   "  'settled', a.pending + a.leased = 0,"
   "  'attempts', (SELECT coalesce(json_object_agg(k.attempts, k.n ORDER BY k.attempts), '{}')"
@@ -60,7 +62,7 @@ static const char report_fmt[] =
   "  'crashed_tasks', a.crashed_tasks,"
   "  'dead_causes', (SELECT coalesce(json_object_agg(k.cause, k.n ORDER BY k.n DESC, k.cause),"
   "                                  '{}')"
-  "                    FROM (SELECT cause, count(*) AS n FROM s WHERE status = 'dead'"
+  "                    FROM (SELECT cause, count(*) AS n FROM s WHERE status = " SQL_DEAD
   "                           GROUP BY cause) k),"
   "  'duration_s', json_build_object('count', a.timed, 'p50', a.p50, 'p95', a.p95,"
   "                                  'max', a.dmax),"
@@ -69,7 +71,7 @@ static const char report_fmt[] =
   "                                   ORDER BY r.n DESC, r.reason), '[]')"
   "                     FROM (SELECT reason, count(*) AS n,"
   "                                  (array_agg(id ORDER BY id))[1:%d] AS ids"
-  "                             FROM s WHERE status = 'dead' GROUP BY reason"
+  "                             FROM s WHERE status = " SQL_DEAD " GROUP BY reason"
   "                            ORDER BY count(*) DESC, reason LIMIT %d) r),"
   "  'dead_reasons_total', a.reasons,"
   "  'first_claim_at', to_char(a.first_claim AT TIME ZONE 'UTC',"
@@ -110,31 +112,6 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
   fflush(out);
   json_decref(r);
   return 0;
-}
-
-char *report_text_array(const char *const *items, size_t n)
-{
-  size_t len = 3;
-  for (size_t i = 0; i < n; i++)
-    len += 2 * strlen(items[i]) + 3;
-  char *s = malloc(len), *p = s;
-  if (!s)
-    return NULL;
-  *p++ = '{';
-  for (size_t i = 0; i < n; i++) {
-    if (i)
-      *p++ = ',';
-    *p++ = '"';
-    for (const char *q = items[i]; *q; q++) {
-      if (*q == '"' || *q == '\\')
-        *p++ = '\\';
-      *p++ = *q;
-    }
-    *p++ = '"';
-  }
-  *p++ = '}';
-  *p = '\0';
-  return s;
 }
 
 void report_format_duration(double secs, char *buf, size_t buflen)
@@ -192,11 +169,11 @@ static void print_text(const json_t *r, FILE *out)
   }
   fprintf(out, "\n");
 
-  json_int_t open = get_int(counts, "pending") + get_int(counts, "leased");
+  json_int_t open = get_int(counts, STATUS_PENDING) + get_int(counts, STATUS_LEASED);
   fprintf(out, "tasks      %lld: done %lld, dead %lld, pending %lld, leased %lld%s\n",
-          (long long)get_int(r, "total"), (long long)get_int(counts, "done"),
-          (long long)get_int(counts, "dead"), (long long)get_int(counts, "pending"),
-          (long long)get_int(counts, "leased"), open ? " (not settled yet)" : "");
+          (long long)get_int(r, "total"), (long long)get_int(counts, STATUS_DONE),
+          (long long)get_int(counts, STATUS_DEAD), (long long)get_int(counts, STATUS_PENDING),
+          (long long)get_int(counts, STATUS_LEASED), open ? " (not settled yet)" : "");
 
   const char *key;
   const json_t *v;

@@ -25,10 +25,6 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
                  int as_json, FILE *out, char *err, size_t errlen)
   __attribute__((warn_unused_result));
 
-/* A text[] literal of n strings, each double-quoted and escaped ("{\"a\",\"b,c\"}"), for
-   report_print's tenants. malloc'd; NULL when out of memory. */
-char *report_text_array(const char *const *items, size_t n);
-
 /* Formats seconds for people: "850ms", "42.0s", "12m 3s", "5h 2m", "3d 4h". */
 void report_format_duration(double secs, char *buf, size_t buflen);
 

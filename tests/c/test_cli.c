@@ -1,6 +1,7 @@
 /*
  * test_cli: the option-value parsers of cli.c (cli_parse_duration, cli_parse_int), which
- * tests/fuzz/fuzz_duration also fuzzes; inputs it found are in tests/fuzz/regressions/duration/.
+ * tests/fuzz/fuzz_duration also fuzzes; inputs it found are in tests/fuzz/regressions/duration/;
+ * and the deadline arithmetic `status --watch` sleeps with (deadline.h).
  */
 #include <limits.h>
 #include <math.h>
@@ -8,6 +9,7 @@
 
 #include "check.h"
 #include "cli.h"
+#include "deadline.h"
 
 static void durations_take_the_documented_units(void)
 {
@@ -77,11 +79,30 @@ static void ints_are_whole_and_in_range(void)
   CHECK_INT_EQ(v, 42);
 }
 
+/* Fractions carry into the seconds (tv_nsec stays below 1e9 whatever the clock's own
+   fraction), a deadline of now has passed, one a minute away has not and has about 60 s
+   left. */
+static void deadlines_carry_fractions_into_seconds(void)
+{
+  for (int i = 0; i < 200; i++) {
+    struct timespec d = deadline_after(CLOCK_MONOTONIC, 0.9 + i * 0.0371);
+    CHECK(d.tv_nsec >= 0 && d.tv_nsec < 1000000000L);
+  }
+  struct timespec now = deadline_after(CLOCK_MONOTONIC, 0);
+  CHECK(deadline_passed(CLOCK_MONOTONIC, &now));
+  struct timespec later = deadline_after(CLOCK_MONOTONIC, 60.25);
+  CHECK(!deadline_passed(CLOCK_MONOTONIC, &later));
+  double left = deadline_left(CLOCK_MONOTONIC, &later);
+  CHECK(left > 59 && left <= 60.25);
+  CHECK(later.tv_sec - now.tv_sec >= 60 && later.tv_sec - now.tv_sec <= 61);
+}
+
 static const struct check_case cases[] = {
   { "durations_take_the_documented_units", durations_take_the_documented_units },
   { "durations_too_large_for_a_double_are_refused",
     durations_too_large_for_a_double_are_refused },
   { "ints_are_whole_and_in_range", ints_are_whole_and_in_range },
+  { "deadlines_carry_fractions_into_seconds", deadlines_carry_fractions_into_seconds },
   { NULL, NULL }
 };
 

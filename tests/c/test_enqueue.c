@@ -48,13 +48,12 @@ static void nul_byte_after_a_token_is_refused(void)
 static void copy_row_escapes_copy_specials(void)
 {
   static const char doc[] = "{\"payload\":\"a\tb\\\\n\"}\r\n";
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
+  struct buf b = { 0 };
 
-  CHECK_INT_EQ(enqueue_copy_row(&buf, &len, &cap, 7, doc, sizeof doc - 1, NULL), 0);
-  CHECK_INT_EQ(enqueue_copy_row(&buf, &len, &cap, 8, "{}", 2, "x\\N\t"), 0);
-  CHECK(len < cap);
-  buf[len] = '\0';
+  CHECK_INT_EQ(enqueue_copy_row(&b, 7, doc, sizeof doc - 1, NULL), 0);
+  CHECK_INT_EQ(enqueue_copy_row(&b, 8, "{}", 2, "x\\N\t"), 0);
+  CHECK(b.len < b.cap);
+  char *buf = buf_take(&b);
   CHECK_STR_EQ(buf, "7\t{\"payload\":\"a\\tb\\\\\\\\n\"}\\r\\n\t\\N\n"
                     "8\t{}\tx\\\\N\\t\n");
   free(buf);

@@ -1,11 +1,52 @@
 /*
  * test_queue: the lease-key lookups that match a heartbeat's and a settle's answers to the
- * tasks a process holds (queue_keys_sort, queue_keys_find): by (id, attempt), or by id alone.
+ * tasks a process holds (queue_keys_sort, queue_keys_find): by (id, attempt), or by id alone;
+ * and the one buffer and text[] builder its statements' parameters are made with (buf.h).
  */
 #include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
 
 #include "check.h"
 #include "queue.h"
+
+/* Quotes and backslashes are escaped, commas, braces, spaces and NULL-looking words are
+   quoted as they are, and an empty list is {}. */
+static void text_arrays_quote_every_element(void)
+{
+  static const char *const v[] = { "plain", "a,b", "{x}", "q\"uote", "back\\slash", "NULL", "",
+                                   " sp " };
+  char *s = text_array_literal(v, sizeof v / sizeof v[0]);
+  CHECK(s != NULL);
+  CHECK_STR_EQ(s, "{\"plain\",\"a,b\",\"{x}\",\"q\\\"uote\",\"back\\\\slash\",\"NULL\",\"\","
+                  "\" sp \"}");
+  free(s);
+  s = text_array_literal(NULL, 0);
+  CHECK_STR_EQ(s, "{}");
+  free(s);
+}
+
+/* A buffer grows past its first block and past printf's small path, stays terminated, and
+   gives "" when nothing was added. */
+static void buffers_grow_and_stay_terminated(void)
+{
+  struct buf b = { 0 };
+  char *s = buf_take(&b);
+  CHECK_STR_EQ(s, "");
+  free(s);
+  char big[1000];
+  memset(big, 'x', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  for (int i = 0; i < 100; i++)
+    CHECK_INT_EQ(buf_printf(&b, "%d:%s;", i, i % 10 ? "y" : big), 0);
+  CHECK(b.len == strlen(b.s));
+  CHECK(strncmp(b.s, "0:xxx", 5) == 0);
+  CHECK(strstr(b.s, ";99:y;") != NULL);
+  CHECK(!b.oom);
+  buf_free(&b);
+  CHECK(b.s == NULL && b.len == 0);
+}
 
 static void keys_are_found_by_id_and_attempt(void)
 {
@@ -68,6 +109,8 @@ static void only_a_rows_errors_call_the_fallback(void)
 static const struct check_case cases[] = {
   { "only_a_rows_errors_call_the_fallback", only_a_rows_errors_call_the_fallback },
   { "keys_are_found_by_id_and_attempt", keys_are_found_by_id_and_attempt },
+  { "text_arrays_quote_every_element", text_arrays_quote_every_element },
+  { "buffers_grow_and_stay_terminated", buffers_grow_and_stay_terminated },
   { "empty_and_single_key_sets", empty_and_single_key_sets },
   { NULL, NULL }
 };

@@ -1,6 +1,6 @@
 /* The script side's lower units alone, without script.c: the task context (task_context.h)
    on a bare state with the leash module opened by hand, the protected push of malloc'd
-   text (luatext.h), the byte buffer (textbuf.h) and the file reader (textfile.h). That
+   text (luatext.h), the byte buffer (buf.h) and the file reader (textfile.h). That
    these build and run with no script in the loop is the point: nothing here calls back
    up into script.c. */
 #include "check.h"
@@ -9,7 +9,7 @@
 #include "log.h"
 #include "luatext.h"
 #include "task_context.h"
-#include "textbuf.h"
+#include "buf.h"
 #include "textfile.h"
 
 #include <lauxlib.h>
@@ -203,18 +203,18 @@ static void pushfree_frees_the_text_also_when_the_push_raises(void)
   lua_close(L);
 }
 
-static void textbuf_grows_and_stays_terminated(void)
+static void byte_buffer_grows_and_refuses_what_cannot_fit(void)
 {
-  struct textbuf b = { 0 };
-  CHECK_INT_EQ(textbuf_add(&b, "", 0), 0);
+  struct buf b = { 0 };
+  CHECK_INT_EQ(buf_add(&b, "", 0), 0);
   CHECK_STR_EQ(b.s, "");
   for (int i = 0; i < 1000; i++)
-    CHECK_INT_EQ(textbuf_add(&b, "abc", 3), 0);
+    CHECK_INT_EQ(buf_add(&b, "abc", 3), 0);
   CHECK_INT_EQ(b.len, 3000);
   CHECK(b.s[2999] == 'c' && b.s[3000] == '\0');
-  CHECK_INT_EQ(textbuf_add(&b, "x", SIZE_MAX), -1);   /* refused, unchanged */
+  CHECK_INT_EQ(buf_add(&b, "x", SIZE_MAX), -1);   /* refused, unchanged */
   CHECK_INT_EQ(b.len, 3000);
-  textbuf_free(&b);
+  buf_free(&b);
   CHECK(b.s == NULL && b.len == 0);
 }
 
@@ -251,7 +251,7 @@ int main(int argc, char **argv)
     { "log_fields_name_the_task_and_the_worker", log_fields_name_the_task_and_the_worker },
     { "pushfree_frees_the_text_also_when_the_push_raises",
       pushfree_frees_the_text_also_when_the_push_raises },
-    { "textbuf_grows_and_stays_terminated", textbuf_grows_and_stays_terminated },
+    { "byte_buffer_grows_and_refuses_what_cannot_fit", byte_buffer_grows_and_refuses_what_cannot_fit },
     { "textfile_reads_whole_files_and_names_the_path_on_error",
       textfile_reads_whole_files_and_names_the_path_on_error },
     { NULL, NULL },

@@ -237,6 +237,27 @@ case_migrate_twice_is_a_no_op() {
   assert_eq "row kept" "$(q "select payload::text from agent_work_queue")" '{"keep": 1}'
 }
 
+# After migrate, the table's functions are the current protocol's and nothing else: 004's
+# first cycle (it called <table>_claim and <table>_settle, which no migration creates) and
+# every superseded signature are gone, so no function is left that fails when called.
+case_migrate_leaves_only_the_current_functions() {
+  need_pg
+  t_newdb
+  expect_exit 0 "$LEASH" migrate
+  local fns
+  fns=$(q "select p.proname || '/' || count(*) over (partition by p.proname)
+             from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+            where n.nspname = 'public' and p.proname like 'agent_work_queue%'
+            order by 1")
+  assert_not_contains "no claim" "$fns" "agent_work_queue_claim/"
+  assert_not_contains "no settle" "$fns" "agent_work_queue_settle/"
+  assert_contains "one cycle" "$fns" $'agent_work_queue_cycle/1\n'
+  assert_contains "one reap" "$fns" $'agent_work_queue_reap/1\n'
+  # The cycle left is the one queue.c calls (it runs, settling nothing and claiming nothing).
+  assert_eq "cycle runs" "$(q "select count(*) from agent_work_queue_cycle('o', '{}', '{}', '{}',
+      '{}', '{}', '{}', '{}', '{}', 0, 30, NULL, NULL)")" 0
+}
+
 case_migrate_from_three_processes_at_once() {
   need_pg
   local n round i rc sum single

@@ -469,7 +469,7 @@ case_out_of_bounds_values_are_refused_and_insert_nothing() {
     field=${entry##*|}
     printf '%s\n' '{"payload":0}' "$line" >"$T_TMP/bad.jsonl"
     expect_exit 2 "$LEASH" enqueue --file "$T_TMP/bad.jsonl"
-    assert_eq "$field: one error line and the hint" "$(wc -l <"$T_ERR")" 2
+    assert_eq "$field: one error line, no hint (a data error)" "$(wc -l <"$T_ERR")" 1
     assert_contains "$field: names the line" "$(head -n1 "$T_ERR")" "bad.jsonl line 2: "
     assert_contains "$field: names the field" "$(head -n1 "$T_ERR")" "\"$field\""
     assert_contains "$field: nothing" "$(head -n1 "$T_ERR")" "nothing was enqueued"
@@ -531,6 +531,46 @@ case_read_error_is_an_error_and_inserts_nothing() {
       "leash enqueue: cannot read stdin at line 2: Cannot allocate memory; nothing was enqueued"
     assert_eq "stdout" "$(<"$T_OUT")" ""
   fi
+  assert_eq "rows" "$(rows)" 0
+}
+
+# Bad data (a line of the file, the payload, a file that cannot be opened, a value the server
+# refuses) is one stderr line with exit 2 and nothing enqueued: no "Try 'leash enqueue
+# --help'." (--help would not fix the data). A bad flag keeps the hint (the usage cases).
+case_data_errors_print_one_line_and_no_hint() {
+  need_pg
+  migrated_db
+  printf '%s\n' '{"payload":0}' 'not json' >"$T_TMP/notjson.jsonl"
+  printf '%s\n' '{"payload":0}' '{"payload":1,"colour":"red"}' >"$T_TMP/unknown.jsonl"
+  printf '%s\n' '{"payload":0}' '{"tenant_id":"t"}' >"$T_TMP/nopayload.jsonl"
+  printf '%s\n' '{"payload":0}' '{"payload":1,"run_after":"not a time"}' >"$T_TMP/badtime.jsonl"
+  printf '%s\n' '{"payload":0}' '{"payload":1,"run_after":"2026-13-45"}' >"$T_TMP/badday.jsonl"
+  printf '%s\n' '{"payload":1}' '{"payload":2}' >"$T_TMP/long.jsonl"
+  local -a cases=(
+    "--file $T_TMP/notjson.jsonl|notjson.jsonl line 2: "
+    "--file $T_TMP/unknown.jsonl|unknown.jsonl line 2: "
+    "--file $T_TMP/nopayload.jsonl|nopayload.jsonl line 2: "
+    "--file $T_TMP/badtime.jsonl|badtime.jsonl line 2: "
+    "--file $T_TMP/badday.jsonl|badday.jsonl line 2: "
+    "--max-line-bytes 10 --file $T_TMP/long.jsonl|long.jsonl line 1: longer than 10 bytes"
+    "--file $T_TMP/missing.jsonl|cannot open $T_TMP/missing.jsonl"
+    "{not-json|PAYLOAD_JSON is not valid JSON"
+    "null|PAYLOAD_JSON must not be null"
+  )
+  local entry args want
+  for entry in "${cases[@]}"; do
+    args=${entry%%|*}
+    want=${entry#*|}
+    # shellcheck disable=SC2086 # word splitting wanted
+    expect_exit 2 "$LEASH" enqueue $args
+    assert_eq "$args: one line" "$(wc -l <"$T_ERR" | tr -d ' ')" 1
+    assert_contains "$args: names it" "$(<"$T_ERR")" "$want"
+    assert_not_contains "$args: no hint" "$(<"$T_ERR")" "Try 'leash"
+    assert_eq "$args: stdout" "$(<"$T_OUT")" ""
+  done
+  # A bad line on stdin too.
+  expect_exit 2 "$LEASH" enqueue --file - <"$T_TMP/notjson.jsonl"
+  assert_eq "stdin: one line" "$(wc -l <"$T_ERR" | tr -d ' ')" 1
   assert_eq "rows" "$(rows)" 0
 }
 

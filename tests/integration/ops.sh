@@ -100,6 +100,37 @@ case_requeue_dead_resets_attempts() {
   expect_exit 2 "$LEASH" requeue --dead 5
 }
 
+# A requeue or prune that fails after committed chunks says so in its one error line (exit 1):
+# the first 5,000-row chunk stays done, the second fails on a row a trigger refuses.
+case_requeue_and_prune_failing_after_a_chunk_print_one_line_with_the_count() {
+  new_queue
+  q "insert into agent_work_queue (id, tenant_id, shard_key, payload, status, attempts,
+                                   finished_at)
+     select g, 't', 's' || g, '{}', case when g <= 5001 then 'dead' else 'done' end, 8,
+            now() - interval '2 days'
+       from generate_series(1, 10002) g;
+     select setval(pg_get_serial_sequence('agent_work_queue', 'id'), 10002);
+     create function refuse() returns trigger language plpgsql as \$\$
+       begin raise exception 'refused row %', old.id; end \$\$;
+     create trigger refuse_update before update on agent_work_queue
+       for each row when (old.id = 5001) execute function refuse();
+     create trigger refuse_delete before delete on agent_work_queue
+       for each row when (old.id = 10002) execute function refuse()" >/dev/null
+  expect_exit 1 "$LEASH" requeue --dead
+  assert_eq "requeue: stdout" "$(<"$T_OUT")" ""
+  assert_eq "requeue: one line" "$(lines_of "$T_ERR")" 1
+  assert_contains "requeue: the error" "$(<"$T_ERR")" "refused row 5001"
+  assert_contains "requeue: the count" "$(<"$T_ERR")" "(5000 tasks had been requeued before the error)"
+  assert_eq "requeue: first chunk kept" \
+    "$(q "select count(*) from agent_work_queue where status = 'pending'")" 5000
+  expect_exit 1 "$LEASH" prune --older-than 1d --status done
+  assert_eq "prune: one line" "$(lines_of "$T_ERR")" 1
+  assert_contains "prune: the error" "$(<"$T_ERR")" "refused row 10002"
+  assert_contains "prune: the count" "$(<"$T_ERR")" "(5000 tasks had been deleted before the error)"
+  assert_eq "prune: first chunk deleted" \
+    "$(q "select count(*) from agent_work_queue where status = 'done'")" 1
+}
+
 # ---------------------------------------------------------------- inspect
 
 case_inspect_shows_row_and_steps() {
