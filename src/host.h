@@ -47,7 +47,7 @@ struct host_config {
 
 /* Exit code of a process the watchdog ended: a slot stayed wedged past its deadline plus
    --watchdog-grace (task timeout, lost lease, or the stop after the drain deadline). */
-#define HOST_EXIT_WEDGED 3
+#define HOST_EXIT_WEDGED 3   /* = WATCHDOG_EXIT_WEDGED (watchdog.h); host.c asserts it */
 
 /* Runs until drained (signal) or, with until_empty, until the scope has settled.
    Returns the process exit code: 0, 1 (start failure), or HOST_EXIT_WEDGED, with which the
