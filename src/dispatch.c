@@ -79,6 +79,7 @@ static int ensure_connection(struct dispatcher *d);
 static double next_backoff(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static int cycle(struct dispatcher *d, struct task *list, int want);
+static struct task *drop_lost(struct dispatcher *d, struct task *list, int *n);
 static int ready_target(const struct dispatcher *d);
 static long long log_progress(struct dispatcher *d, long long before);
 static void distribute(struct dispatcher *d, struct task *list);
@@ -90,7 +91,20 @@ static int settle_alone(struct dispatcher *d, struct task *t, char *applied, cha
 static void finish_task(struct dispatcher *d, struct task *t, int applied);
 static void release_running(struct dispatcher *d);
 static void stop_tasks(struct host *h);
+/* What the wedge exit writes and gives back (see wedge_exit). */
+struct wedge_plan {
+  char why[256];
+  struct task *w;                   /* the wedged slot's task, or NULL */
+  struct task *copy;                /* its settle (CAUSE_WEDGED), or NULL */
+  struct task *settle, **tail;      /* copies to settle: finished outcomes, then `copy` */
+  int nsettle;
+  struct lease_key *keys;           /* every other lease, to give back */
+  int nkeys;
+};
+
 static void wedge_exit(struct dispatcher *d) __attribute__((noreturn));
+static void plan_wedge(struct dispatcher *d, struct wedge_plan *p);
+static const char *settle_wedge(struct dispatcher *d, const struct wedge_plan *p);
 static double jitter_poll(const struct host_config *cfg);
 static double next_idle_poll(const struct host_config *cfg, double current, int empty);
 #define log_task dispatch_log_task
@@ -473,26 +487,8 @@ static void distribute(struct dispatcher *d, struct task *list)
    other late one. Returns the number claimed, or -1. */
 static int cycle(struct dispatcher *d, struct task *list, int want)
 {
-  struct task *keep = NULL, **tail = &keep;
   int n = 0;
-  double now = task_now();
-  while (list) {
-    struct task *t = list;
-    list = t->next;
-    t->next = NULL;
-    if (now >= atomic_load(&t->lease_deadline)) {
-      dispatch_lose_lease(d->h, t, "lease ran out before the outcome could be written");
-    }
-    if (atomic_load(&t->lost)) {
-      atomic_fetch_add(&d->h->stats.lost, 1);
-      log_task(LOG_INFO, d->h, t, "outcome discarded: the lease was lost");
-      finish_task(d, t, -1);
-      continue;
-    }
-    *tail = t;
-    tail = &t->next;
-    n++;
-  }
+  struct task *keep = drop_lost(d, list, &n);
   if (n == 0 && want == 0)
     return 0;
   char *applied = malloc((size_t)(n > 0 ? n : 1));
@@ -545,6 +541,31 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
     finish_task(d, t, -1);
   }
   return -1;
+}
+
+/* The outcomes of list that may still be written (*n of them, in order); a task whose lease
+   was lost, or ran out before now, is finished here with its outcome discarded. */
+static struct task *drop_lost(struct dispatcher *d, struct task *list, int *n)
+{
+  struct task *keep = NULL, **tail = &keep;
+  double now = task_now();
+  while (list) {
+    struct task *t = list;
+    list = t->next;
+    t->next = NULL;
+    if (now >= atomic_load(&t->lease_deadline))
+      dispatch_lose_lease(d->h, t, "lease ran out before the outcome could be written");
+    if (atomic_load(&t->lost)) {
+      atomic_fetch_add(&d->h->stats.lost, 1);
+      log_task(LOG_INFO, d->h, t, "outcome discarded: the lease was lost");
+      finish_task(d, t, -1);
+      continue;
+    }
+    *tail = t;
+    tail = &t->next;
+    (*n)++;
+  }
+  return keep;
 }
 
 /* 1 once waiting for the database is no longer allowed: stopping now, or draining past
@@ -704,31 +725,60 @@ static void stop_tasks(struct host *h)
 static void wedge_exit(struct dispatcher *d)
 {
   struct host *h = d->h;
-  struct lease_key *keys = NULL;
-  struct task *settle = NULL, **tail = &settle, *copy = NULL;
-  int nkeys = 0, nsettle = 0;
-  char why[sizeof h->wedged_why];
+  struct wedge_plan p = { .tail = &p.settle };
+  plan_wedge(d, &p);
+  stop_tasks(h);
+  const char *wrote = settle_wedge(d, &p);
+  int given = 0;
+  if (p.nkeys > 0 && ensure_connection(d)) {
+    char err[DB_ERR_MAX];
+    given = queue_release(d->q, d->conn, p.keys, p.nkeys, err, sizeof err);
+    if (given < 0)
+      log_warn("watchdog: giving back %d lease%s failed (%s); they expire instead", p.nkeys,
+               p.nkeys == 1 ? "" : "s", err);
+  }
+  char id[32] = "", attempt[16] = "";
+  if (p.w) {
+    snprintf(id, sizeof id, "%lld", (long long)p.w->id);
+    snprintf(attempt, sizeof attempt, "%d", p.w->attempt);
+  }
+  struct log_field f[] = {
+    { "task_id", p.w ? id : NULL }, { "attempt", p.w ? attempt : NULL },
+    { "worker", h->cfg->worker_id }, { NULL, NULL },
+  };
+  log_fields(LOG_ERROR, f, "watchdog: wedged task %s; %d other lease%s given back to pending; "
+             "exiting with status %d without waiting for the wedged slot", wrote,
+             given > 0 ? given : 0, given == 1 ? "" : "s", HOST_EXIT_WEDGED);
+  fflush(stdout);
+  _exit(HOST_EXIT_WEDGED);
+}
 
+/* Under mu, at once: no more claims; the wedged task's settle as a copy; copies of the
+   outcomes that finished before now (their tasks marked lost so nothing else writes them);
+   the keys of every other lease, marked lost. */
+static void plan_wedge(struct dispatcher *d, struct wedge_plan *p)
+{
+  struct host *h = d->h;
   pthread_mutex_lock(&h->mu);
   h->draining = 1;
   atomic_store(&h->stats.ready, 0);
-  snprintf(why, sizeof why, "%s", h->wedged_why);
-  struct task *w = h->wedged_task;
-  if (w && h->wedged_settle) {
-    copy = calloc(1, sizeof *copy);
-    if (copy) {
-      copy->id = w->id;
-      copy->attempt = w->attempt;
-      copy->max_attempts = w->max_attempts;
-      copy->out.delay = -1;
-      char msg[sizeof why + 64];
-      snprintf(msg, sizeof msg, "%s; the worker restarted", why);
-      outcome_set(&copy->out, OUTCOME_RETRY, CAUSE_WEDGED, "wedged: ", msg);
+  snprintf(p->why, sizeof p->why, "%s", h->wedged_why);
+  p->w = h->wedged_task;
+  if (p->w && h->wedged_settle) {
+    p->copy = calloc(1, sizeof *p->copy);
+    if (p->copy) {
+      p->copy->id = p->w->id;
+      p->copy->attempt = p->w->attempt;
+      p->copy->max_attempts = p->w->max_attempts;
+      p->copy->out.delay = -1;
+      char msg[sizeof p->why + 64];
+      snprintf(msg, sizeof msg, "%s; the worker restarted", p->why);
+      outcome_set(&p->copy->out, OUTCOME_RETRY, CAUSE_WEDGED, "wedged: ", msg);
     }
   }
   /* Outcomes that finished before now are written like any others. */
   for (struct task *t = d->done; t; t = t->next)
-    if (t != w && !atomic_load(&t->lost)) {
+    if (t != p->w && !atomic_load(&t->lost)) {
       atomic_store(&t->lost, 1);   /* not released below; the copy in `settle` is written */
       struct task *c = calloc(1, sizeof *c);
       if (!c)
@@ -737,62 +787,47 @@ static void wedge_exit(struct dispatcher *d)
       c->attempt = t->attempt;
       c->max_attempts = t->max_attempts;
       c->out = t->out;   /* borrowed: the task is never freed before _exit */
-      *tail = c;
-      tail = &c->next;
-      nsettle++;
+      *p->tail = c;
+      p->tail = &c->next;
+      p->nsettle++;
     }
   /* The wedged one is settled (through the copy); a lost one is not ours to give back. */
-  keys = lease_registry_give_up(h->leases, w, &nkeys);
+  p->keys = lease_registry_give_up(h->leases, p->w, &p->nkeys);
   pthread_mutex_unlock(&h->mu);
-  stop_tasks(h);
+  if (p->copy) {
+    *p->tail = p->copy;
+    p->nsettle++;
+  }
+}
 
-  if (copy) {
-    *tail = copy;
-    nsettle++;
-  }
+/* Writes the plan's outcomes in one cycle that claims nothing; says what became of the
+   wedged task, for the last log line. */
+static const char *settle_wedge(struct dispatcher *d, const struct wedge_plan *p)
+{
+  const char *wrote = p->w ? "not settled (its lease was already lost or given back)"
+                           : "none (the slot was closing a Lua state)";
+  if (p->nsettle == 0)
+    return wrote;
   char err[DB_ERR_MAX];
-  const char *wrote = w ? "not settled (its lease was already lost or given back)"
-                        : "none (the slot was closing a Lua state)";
-  if (nsettle > 0) {
-    char *applied = calloc((size_t)nsettle, 1);
-    struct task *none = NULL;
-    double due;
-    if (applied && ensure_connection(d) &&
-        queue_cycle(d->q, d->conn, settle, nsettle, applied, &h->cfg->scope, 0, &none, &due,
-                    err, sizeof err) >= 0) {
-      if (copy)
-        wrote = applied[nsettle - 1] == SETTLED_PENDING ? "settled: retry (cause wedged)"
-                : applied[nsettle - 1] == SETTLED_QUARANTINED ? "settled: dead (cause wedged, quarantined)"
-                : applied[nsettle - 1] >= SETTLED_DEAD  ? "settled: dead (cause wedged, no attempts left)"
-                                                        : "settle rejected: the lease was no longer ours";
-    } else {
-      wrote = "could not be settled: its lease expires instead";
-      log_warn("watchdog: settling %d outcome%s failed: %s", nsettle, nsettle == 1 ? "" : "s",
-               applied ? err : "out of memory");
-    }
-    free(applied);
+  char *applied = calloc((size_t)p->nsettle, 1);
+  struct task *none = NULL;
+  double due;
+  if (applied && ensure_connection(d) &&
+      queue_cycle(d->q, d->conn, p->settle, p->nsettle, applied, &d->h->cfg->scope, 0, &none,
+                  &due, err, sizeof err) >= 0) {
+    char last = applied[p->nsettle - 1];
+    if (p->copy)
+      wrote = last == SETTLED_PENDING       ? "settled: retry (cause wedged)"
+              : last == SETTLED_QUARANTINED ? "settled: dead (cause wedged, quarantined)"
+              : last >= SETTLED_DEAD        ? "settled: dead (cause wedged, no attempts left)"
+                                            : "settle rejected: the lease was no longer ours";
+  } else {
+    wrote = "could not be settled: its lease expires instead";
+    log_warn("watchdog: settling %d outcome%s failed: %s", p->nsettle,
+             p->nsettle == 1 ? "" : "s", applied ? err : "out of memory");
   }
-  int given = 0;
-  if (nkeys > 0 && ensure_connection(d)) {
-    given = queue_release(d->q, d->conn, keys, nkeys, err, sizeof err);
-    if (given < 0)
-      log_warn("watchdog: giving back %d lease%s failed (%s); they expire instead", nkeys,
-               nkeys == 1 ? "" : "s", err);
-  }
-  char id[32] = "", attempt[16] = "";
-  if (w) {
-    snprintf(id, sizeof id, "%lld", (long long)w->id);
-    snprintf(attempt, sizeof attempt, "%d", w->attempt);
-  }
-  struct log_field f[] = {
-    { "task_id", w ? id : NULL }, { "attempt", w ? attempt : NULL },
-    { "worker", h->cfg->worker_id }, { NULL, NULL },
-  };
-  log_fields(LOG_ERROR, f, "watchdog: wedged task %s; %d other lease%s given back to pending; "
-             "exiting with status %d without waiting for the wedged slot", wrote,
-             given > 0 ? given : 0, given == 1 ? "" : "s", HOST_EXIT_WEDGED);
-  fflush(stdout);
-  _exit(HOST_EXIT_WEDGED);
+  free(applied);
+  return wrote;
 }
 
 /* Draining: tasks claimed but not started go back to pending at once. */

@@ -28,6 +28,8 @@ struct threads {
 static void host_init(struct host *h, const struct host_config *cfg);
 static void host_destroy(struct host *h);
 static int load_probe(struct host *h);
+static int connect_scripts_db(struct host *h, struct dispatcher *d,
+                              struct queue_script_sql *sql);
 static int start_threads(struct host *h, struct threads *th);
 static void log_summary(const struct host *h);
 static void on_lost(void *arg, struct task *t, const char *why);
@@ -45,7 +47,6 @@ int host_run(const struct host_config *cfg)
   static struct queue_script_sql script_sql;
   struct threads th = { 0 };
   struct dispatcher *d = NULL;
-  char err[DB_ERR_MAX];
   int rc = 1;
 
   host_init(&h, cfg);
@@ -58,23 +59,8 @@ int host_run(const struct host_config *cfg)
     log_error("out of memory starting the host");
     goto out;
   }
-  if (dispatcher_connect(d, err, sizeof err) != 0) {
-    log_error("%s", err);
+  if (connect_scripts_db(&h, d, &script_sql) != 0)
     goto out;
-  }
-  if (queue_script_sql_init(&script_sql, dispatcher_conn(d), &h.table) != 0) {
-    log_error("out of memory starting the host");
-    goto out;
-  }
-  h.sh.sql = &script_sql;
-  h.sh.table = h.table.qualified;
-  /* A script's query cannot outlive --task-timeout (the count hook cannot stop C code). */
-  h.sh.pool = dbpool_new(cfg->conninfo, cfg->db_pool,
-                         cfg->task_timeout > 0 ? (int)ceil(cfg->task_timeout * 1000) : 0);
-  if (!h.sh.pool) {
-    log_error("out of memory starting the host");
-    goto out;
-  }
   /* Signals go to one thread that only sets flags; every other thread blocks them. */
   th.signals = signals_start(&(struct signal_handlers){ on_drain, on_reload, &h });
   if (!th.signals) {
@@ -164,6 +150,33 @@ static int load_probe(struct host *h)
   log_info("loaded %s version %s", cfg->script_path, script_version(probe));
   snprintf(h->src.version, sizeof h->src.version, "%s", script_version(probe));
   script_free(probe);
+  return 0;
+}
+
+/* The claim connection (the table checked), and what scripts' leash.* calls use: the
+   prepared statements and the query pool. 0, or -1 (logged). */
+static int connect_scripts_db(struct host *h, struct dispatcher *d,
+                              struct queue_script_sql *sql)
+{
+  const struct host_config *cfg = h->cfg;
+  char err[DB_ERR_MAX];
+  if (dispatcher_connect(d, err, sizeof err) != 0) {
+    log_error("%s", err);
+    return -1;
+  }
+  if (queue_script_sql_init(sql, dispatcher_conn(d), &h->table) != 0) {
+    log_error("out of memory starting the host");
+    return -1;
+  }
+  h->sh.sql = sql;
+  h->sh.table = h->table.qualified;
+  /* A script's query cannot outlive --task-timeout (the count hook cannot stop C code). */
+  h->sh.pool = dbpool_new(cfg->conninfo, cfg->db_pool,
+                          cfg->task_timeout > 0 ? (int)ceil(cfg->task_timeout * 1000) : 0);
+  if (!h->sh.pool) {
+    log_error("out of memory starting the host");
+    return -1;
+  }
   return 0;
 }
 
