@@ -1,16 +1,17 @@
 /*
- * host: `leash run`. Threads and who owns what:
- *   - the dispatcher (the calling thread) owns the claim connection: it settles finished
- *     tasks in batches and claims as many rows as there are idle slots, in short
+ * host: `leash run`. Threads and who owns what (docs/ARCHITECTURE.md, "The host"):
+ *   - the dispatcher (the calling thread, dispatch.c) owns the claim connection: it settles
+ *     finished tasks in batches and claims as many rows as there are idle slots, in short
  *     transactions, before any Lua runs;
  *   - the lease thread (lease.c) owns its own connection, so a busy claim path cannot starve
- *     heartbeats: it renews every held lease in one statement per interval, reaps expired
- *     leases, and LISTENs for new work;
- *   - N slot threads each own one Lua state and run one task at a time;
+ *     heartbeats: it renews every lease in the lease registry with one statement per
+ *     interval, reaps expired leases, and LISTENs for new work;
+ *   - N slot threads (slot.c) each own one Lua state and run one task at a time;
  *   - a signal thread (signals.c) turns SIGTERM/SIGINT into a drain and SIGHUP into a hot swap;
  *   - a watchdog thread (watchdog.c) ends the process when a slot is wedged inside a C call.
  * Scripts' leash.db.query calls share a small pool (dbpool.c): connections stay few
- * whatever the number of slots.
+ * whatever the number of slots. host.c only sets these up, tears them down and hands each
+ * the callbacks through which it reaches the host's state.
  */
 #ifndef LEASH_HOST_H
 #define LEASH_HOST_H
@@ -47,7 +48,7 @@ struct host_config {
 
 /* Exit code of a process the watchdog ended: a slot stayed wedged past its deadline plus
    --watchdog-grace (task timeout, lost lease, or the stop after the drain deadline). */
-#define HOST_EXIT_WEDGED 3
+#define HOST_EXIT_WEDGED 3   /* = WATCHDOG_EXIT_WEDGED (watchdog.h); host.c asserts it */
 
 /* Runs until drained (signal) or, with until_empty, until the scope has settled.
    Returns the process exit code: 0, 1 (start failure), or HOST_EXIT_WEDGED, with which the

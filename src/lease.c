@@ -1,13 +1,14 @@
-/* lease: heartbeat, reaper and LISTEN on one connection. See lease.h. */
+/* lease: the lease registry, and heartbeat, reaper and LISTEN on one connection. See
+   lease.h. */
 #include "lease.h"
 
-#include "host_internal.h"
 #include "log.h"
-#include "queue.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +21,14 @@
 #define RECONNECT_MIN_S 0.1
 #define RECONNECT_MAX_S 5.0
 
+struct lease_registry {
+  pthread_mutex_t mu;
+  struct task **held;
+  int n, cap;
+};
+
 struct lease {
-  struct host *h;
+  struct lease_config cfg;
   pthread_t thread;
   int pipe_fd[2];               /* written by lease_stop to interrupt poll() */
   PGconn *conn;
@@ -33,17 +40,102 @@ static void *lease_main(void *arg);
 static int ensure_connection(struct lease *l);
 static void drop_connection(struct lease *l, const char *why);
 static void heartbeat(struct lease *l);
-static void expire_locally(struct host *h);
+static void expire_locally(struct lease *l);
 static void reap(struct lease *l);
 static void read_notifications(struct lease *l);
 static void sample_depth(struct lease *l);
 
-struct lease *lease_start(struct host *h)
+/* ---- the registry ---- */
+
+struct lease_registry *lease_registry_new(void)
+{
+  struct lease_registry *r = calloc(1, sizeof *r);
+  if (r)
+    pthread_mutex_init(&r->mu, NULL);
+  return r;
+}
+
+void lease_registry_free(struct lease_registry *r)
+{
+  if (!r)
+    return;
+  pthread_mutex_destroy(&r->mu);
+  free(r->held);
+  free(r);
+}
+
+void lease_registry_add(struct lease_registry *r, struct task *t)
+{
+  pthread_mutex_lock(&r->mu);
+  if (r->n == r->cap) {
+    int cap = r->cap ? r->cap * 2 : 64;
+    struct task **nh = realloc(r->held, (size_t)cap * sizeof *nh);
+    if (!nh)
+      abort();   /* cannot track a lease we hold: better to die and let it expire */
+    r->held = nh;
+    r->cap = cap;
+  }
+  r->held[r->n++] = t;
+  pthread_mutex_unlock(&r->mu);
+}
+
+void lease_registry_remove(struct lease_registry *r, struct task *t)
+{
+  pthread_mutex_lock(&r->mu);
+  for (int i = 0; i < r->n; i++)
+    if (r->held[i] == t) {
+      r->held[i] = r->held[--r->n];
+      break;
+    }
+  pthread_mutex_unlock(&r->mu);
+}
+
+void lease_registry_finished(struct lease_registry *r, struct task *t)
+{
+  pthread_mutex_lock(&r->mu);
+  t->finished = 1;
+  pthread_mutex_unlock(&r->mu);
+}
+
+int lease_registry_count(struct lease_registry *r)
+{
+  pthread_mutex_lock(&r->mu);
+  int n = r->n;
+  pthread_mutex_unlock(&r->mu);
+  return n;
+}
+
+struct lease_key *lease_registry_give_up(struct lease_registry *r, const struct task *keep,
+                                         int *n)
+{
+  struct lease_key *keys = NULL;
+  *n = 0;
+  pthread_mutex_lock(&r->mu);
+  if (r->n > 0)
+    keys = malloc((size_t)r->n * sizeof *keys);
+  for (int i = 0; i < r->n; i++) {
+    struct task *t = r->held[i];
+    if (t == keep || atomic_exchange(&t->lost, 1))
+      continue;   /* a lost one is not ours to give back */
+    if (keys)
+      keys[(*n)++] = (struct lease_key){ .id = t->id, .attempt = t->attempt };
+  }
+  pthread_mutex_unlock(&r->mu);
+  if (*n == 0) {
+    free(keys);
+    keys = NULL;
+  }
+  return keys;
+}
+
+/* ---- the thread ---- */
+
+struct lease *lease_start(const struct lease_config *cfg)
 {
   struct lease *l = calloc(1, sizeof *l);
   if (!l)
     return NULL;
-  l->h = h;
+  l->cfg = *cfg;
   l->backoff = RECONNECT_MIN_S;
   if (pipe(l->pipe_fd) != 0) {
     log_error("lease thread: pipe: %m");
@@ -78,12 +170,12 @@ void lease_stop(struct lease *l)
 static void *lease_main(void *arg)
 {
   struct lease *l = arg;
-  struct host *h = l->h;
+  const struct lease_config *cfg = &l->cfg;
   double now = task_now();
-  double next_beat = now + h->cfg->heartbeat, next_reap = now, next_depth = now;
+  double next_beat = now + cfg->heartbeat, next_reap = now, next_depth = now;
   /* Expired leases matter after a visibility has passed: a quarter of it, 1-15 s, keeps a
      crashed peer's tasks waiting at most 1.25 visibilities and an idle fleet quiet. */
-  double reap_every = h->cfg->visibility / 4;
+  double reap_every = cfg->visibility / 4;
   reap_every = reap_every < REAP_MIN_S ? REAP_MIN_S : reap_every > REAP_MAX_S ? REAP_MAX_S : reap_every;
   for (;;) {
     now = task_now();
@@ -104,14 +196,14 @@ static void *lease_main(void *arg)
       read_notifications(l);
     now = task_now();
     if (now >= next_beat) {
-      next_beat = now + h->cfg->heartbeat;
+      next_beat = now + cfg->heartbeat;
       heartbeat(l);
     }
     if (now >= next_reap) {
       next_reap = now + reap_every;
       reap(l);
     }
-    if (h->cfg->metrics_addr && now >= next_depth && l->conn) {
+    if (cfg->sample_depth && now >= next_depth && l->conn) {
       next_depth = now + DEPTH_EVERY_S;
       sample_depth(l);
     }
@@ -129,16 +221,17 @@ static int ensure_connection(struct lease *l)
     return 0;
   char err[DB_ERR_MAX];
   char *listen = NULL;
-  l->conn = db_connect(l->h->cfg->conninfo, "lease", HEARTBEAT_TIMEOUT_MS, err, sizeof err);
+  const struct lease_config *cfg = &l->cfg;
+  l->conn = db_connect(cfg->conninfo, "lease", HEARTBEAT_TIMEOUT_MS, err, sizeof err);
   if (l->conn && !l->q)
-    l->q = queue_new(l->conn, &l->h->table, l->h->cfg->worker_id, l->h->cfg->visibility);
-  if (l->conn && l->q && (listen = queue_listen_sql(l->conn, &l->h->table, err, sizeof err)) &&
+    l->q = queue_new(l->conn, cfg->table, cfg->worker_id, cfg->visibility);
+  if (l->conn && l->q && (listen = queue_listen_sql(l->conn, cfg->table, err, sizeof err)) &&
       db_command(l->conn, listen, err, sizeof err) == 0) {
     free(listen);
     l->backoff = RECONNECT_MIN_S;
-    atomic_store(&l->h->stats.db_up, 1);
+    atomic_store(&cfg->counters->db_up, 1);
     /* Rows may have arrived while we were away: let the dispatcher look. */
-    host_wake(l->h);
+    cfg->on_work(cfg->arg);
     return 1;
   }
   free(listen);
@@ -156,7 +249,7 @@ static void drop_connection(struct lease *l, const char *why)
 {
   log_warn("lease thread: %s", why);
   if (PQstatus(l->conn) == CONNECTION_BAD) {
-    atomic_store(&l->h->stats.db_up, 0);
+    atomic_store(&l->cfg.counters->db_up, 0);
     PQfinish(l->conn);
     l->conn = NULL;
     l->next_connect = task_now();
@@ -167,63 +260,64 @@ static void drop_connection(struct lease *l, const char *why)
    (expired and reaped, or requeued by hand): that task's lease is lost. */
 static void heartbeat(struct lease *l)
 {
-  struct host *h = l->h;
+  struct lease_registry *r = l->cfg.registry;
   struct lease_key *keys = NULL;
   char *renewed = NULL;
   int n;
 
   /* A lease marked lost is not renewed: its outcome is discarded anyway, and a slot wedged
      in C (watchdog.c), or one that ignores the loss, must not keep the row from the reaper. */
-  pthread_mutex_lock(&h->mu);
+  pthread_mutex_lock(&r->mu);
   n = 0;
-  if (h->nheld > 0) {
-    keys = malloc((size_t)h->nheld * sizeof *keys);
-    renewed = malloc((size_t)h->nheld);
+  if (r->n > 0) {
+    keys = malloc((size_t)r->n * sizeof *keys);
+    renewed = malloc((size_t)r->n);
     if (keys && renewed)
-      for (int i = 0; i < h->nheld; i++)
-        if (!atomic_load(&h->held[i]->lost))
-          keys[n++] = (struct lease_key){ .id = h->held[i]->id, .attempt = h->held[i]->attempt };
+      for (int i = 0; i < r->n; i++)
+        if (!atomic_load(&r->held[i]->lost))
+          keys[n++] = (struct lease_key){ .id = r->held[i]->id, .attempt = r->held[i]->attempt };
   }
-  pthread_mutex_unlock(&h->mu);
+  pthread_mutex_unlock(&r->mu);
 
   if (n > 0 && keys && renewed && l->conn) {
     char err[DB_ERR_MAX];
     double sent = task_now();
     if (queue_heartbeat(l->q, l->conn, keys, n, renewed, err, sizeof err) == 0) {
       /* Tasks came and went while the beat was out: match by (id, attempt). */
-      pthread_mutex_lock(&h->mu);
-      for (int i = 0; i < h->nheld; i++) {
-        struct task *t = h->held[i];
+      pthread_mutex_lock(&r->mu);
+      for (int i = 0; i < r->n; i++) {
+        struct task *t = r->held[i];
         int j = queue_keys_find(keys, n, t->id, t->attempt);
         if (j < 0)
           continue;
         if (renewed[j] == HEARTBEAT_RENEWED)
-          atomic_store(&t->lease_deadline, sent + h->cfg->visibility);
+          atomic_store(&t->lease_deadline, sent + l->cfg.visibility);
         else if (renewed[j] == HEARTBEAT_LOST && !t->finished)
-          host_lose_lease(h, t, "heartbeat found the row no longer leased to this worker");
+          l->cfg.on_lost(l->cfg.arg, t, "heartbeat found the row no longer leased to this worker");
         /* A finished task's row may just have been settled by the dispatcher; if the lease
            was really taken, the fenced settle rejects the outcome and says so. */
       }
-      pthread_mutex_unlock(&h->mu);
+      pthread_mutex_unlock(&r->mu);
     } else {
       drop_connection(l, err);
     }
   }
   free(keys);
   free(renewed);
-  expire_locally(h);
+  expire_locally(l);
 }
 
 /* Without a renewal in time (database unreachable, or this process was frozen), another
    worker may already hold the task: stop its side effects before that can matter. */
-static void expire_locally(struct host *h)
+static void expire_locally(struct lease *l)
 {
+  struct lease_registry *r = l->cfg.registry;
   double now = task_now();
-  pthread_mutex_lock(&h->mu);
-  for (int i = 0; i < h->nheld; i++)
-    if (now >= atomic_load(&h->held[i]->lease_deadline))
-      host_lose_lease(h, h->held[i], "lease ran out before a renewal succeeded");
-  pthread_mutex_unlock(&h->mu);
+  pthread_mutex_lock(&r->mu);
+  for (int i = 0; i < r->n; i++)
+    if (now >= atomic_load(&r->held[i]->lease_deadline))
+      l->cfg.on_lost(l->cfg.arg, r->held[i], "lease ran out before a renewal succeeded");
+  pthread_mutex_unlock(&r->mu);
 }
 
 static void reap(struct lease *l)
@@ -235,13 +329,13 @@ static void reap(struct lease *l)
   int n = queue_reap(l->q, l->conn, dead, err, sizeof err);
   /* A reaped lease is a crash of its execution: dead ones are counted here, by the process
      that reaped them (no other process saw them end). */
-  atomic_fetch_add(&l->h->stats.dead[DEAD_QUARANTINED][CAUSE_CRASH], dead[0]);
-  atomic_fetch_add(&l->h->stats.dead[DEAD_EXHAUSTED][CAUSE_CRASH], dead[1]);
+  atomic_fetch_add(&l->cfg.counters->dead[DEAD_QUARANTINED][CAUSE_CRASH], dead[0]);
+  atomic_fetch_add(&l->cfg.counters->dead[DEAD_EXHAUSTED][CAUSE_CRASH], dead[1]);
   if (n < 0)
     drop_connection(l, err);
   else if (n > 0) {
     log_info("reaped %d expired lease%s", n, n == 1 ? "" : "s");
-    host_wake(l->h);
+    l->cfg.on_work(l->cfg.arg);
   }
 }
 
@@ -253,9 +347,10 @@ static void sample_depth(struct lease *l)
     drop_connection(l, err);
     return;
   }
-  atomic_store(&l->h->stats.queue_runnable, depth[0]);
-  atomic_store(&l->h->stats.queue_scheduled, depth[1]);
-  atomic_store(&l->h->stats.queue_leased, depth[2]);
+  struct metrics_counters *c = l->cfg.counters;
+  atomic_store(&c->queue_runnable, depth[0]);
+  atomic_store(&c->queue_scheduled, depth[1]);
+  atomic_store(&c->queue_leased, depth[2]);
 }
 
 static void read_notifications(struct lease *l)
@@ -273,5 +368,5 @@ static void read_notifications(struct lease *l)
     PQfreemem(n);
   }
   if (any)
-    host_wake(l->h);
+    l->cfg.on_work(l->cfg.arg);
 }

@@ -3,6 +3,7 @@
 #include "commands.h"
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,9 @@ int main(int argc, char **argv)
   /* Before any thread: libcurl's global state is not thread-safe to set up. */
   curl_global_init(CURL_GLOBAL_DEFAULT);
   atexit(curl_global_cleanup);
+  /* No libcrypto clean-up at exit: a loader thread stuck in a wedged setup may still be
+     hashing when the process exits, and its cleanup would free what that thread uses. */
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
 
   /* '+': stop at the command; its own options (and globals after it) are its business. */
   opterr = 0;

@@ -3,8 +3,6 @@
 
 #include "lifecycle.h"
 
-#include "host_internal.h"
-
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -39,7 +37,9 @@ struct conn_entry {
 
 struct metrics {
   struct MHD_Daemon *daemon;
-  struct host *h;
+  struct metrics_counters *c;
+  metrics_gauges_fn *gauges;
+  void *arg;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct conn_entry *conns;
@@ -56,7 +56,7 @@ struct text {
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_len, void **state);
-static void render(struct host *h, struct text *out);
+static void render(struct metrics *m, struct text *out);
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code);
 static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
@@ -95,7 +95,8 @@ void histogram_observe(struct histogram *h, double seconds)
   atomic_fetch_add(&h->count, 1);
 }
 
-struct metrics *metrics_start(const char *addr, struct host *h, char *err, size_t errlen)
+struct metrics *metrics_start(const char *addr, struct metrics_counters *counters,
+                              metrics_gauges_fn *gauges, void *arg, char *err, size_t errlen)
 {
   char host[256];
   const char *colon = strrchr(addr, ':');
@@ -126,7 +127,9 @@ struct metrics *metrics_start(const char *addr, struct host *h, char *err, size_
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  m->h = h;
+  m->c = counters;
+  m->gauges = gauges;
+  m->arg = arg;
   pthread_mutex_init(&m->mu, NULL);
   pthread_cond_init(&m->cv, NULL);
   /* epoll (MHD_USE_AUTO): hundreds of sockets, and fds above FD_SETSIZE, are fine. */
@@ -291,12 +294,12 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 {
   (void)version, (void)upload, (void)upload_len, (void)state;
   struct metrics *m = cls;
-  struct metrics_counters *c = &m->h->stats;
+  struct metrics_counters *c = m->c;
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
     return reply(conn, 405, strdup("method not allowed\n"), 19, "text/plain");
   if (strcmp(url, "/metrics") == 0) {
     struct text b = { 0 };
-    render(m->h, &b);
+    render(m, &b);
     if (!b.s)
       return MHD_NO;
     return reply(conn, 200, b.s, b.len, "text/plain; version=0.0.4");
@@ -314,12 +317,11 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   return reply(conn, 404, strdup("not found\n"), 10, "text/plain");
 }
 
-static void render(struct host *h, struct text *b)
+static void render(struct metrics *m, struct text *b)
 {
-  struct metrics_counters *c = &h->stats;
-  pthread_mutex_lock(&h->mu);
-  int held = h->nheld;
-  pthread_mutex_unlock(&h->mu);
+  struct metrics_counters *c = m->c;
+  struct metrics_gauges g = { 0 };
+  m->gauges(m->arg, &g);
   static const struct {
     const char *name, *help;
     size_t offset;
@@ -362,21 +364,17 @@ static void render(struct host *h, struct text *b)
          "leash_script_reloads_total{result=\"loaded\"} %lld\n"
          "leash_script_reloads_total{result=\"refused\"} %lld\n",
       (long long)atomic_load(&c->reloads_loaded), (long long)atomic_load(&c->reloads_refused));
-  pthread_mutex_lock(&h->mu);
-  char version[sizeof h->version];
-  memcpy(version, h->version, sizeof version);
-  pthread_mutex_unlock(&h->mu);
   put(b, "# HELP leash_build_info The leash binary.\n# TYPE leash_build_info gauge\n"
          "leash_build_info{version=\"%s\"} 1\n", LEASH_VERSION);
   put(b, "# HELP leash_script_info The script version the slots load (SHA-256 over the script "
          "and its modules).\n# TYPE leash_script_info gauge\n"
-         "leash_script_info{version=\"%s\"} 1\n", version);
+         "leash_script_info{version=\"%s\"} 1\n", g.script_version);
   put(b, "# HELP leash_slots Slots (threads) in this process.\n# TYPE leash_slots gauge\n"
-         "leash_slots %d\n", h->cfg->concurrency);
+         "leash_slots %d\n", g.slots);
   put(b, "# HELP leash_slots_busy Slots running a task.\n# TYPE leash_slots_busy gauge\n"
          "leash_slots_busy %d\n", atomic_load(&c->busy_slots));
   put(b, "# HELP leash_leases_held Leases this process holds (running, buffered or settling).\n"
-         "# TYPE leash_leases_held gauge\nleash_leases_held %d\n", held);
+         "# TYPE leash_leases_held gauge\nleash_leases_held %d\n", g.leases_held);
   long long runnable = atomic_load(&c->queue_runnable);
   if (runnable >= 0) {
     put(b, "# HELP leash_queue_depth Tasks in the queue table by state (sampled every few "

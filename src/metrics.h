@@ -8,6 +8,7 @@
 #define LEASH_METRICS_H
 
 #include "outcome.h"
+#include "script.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -49,11 +50,21 @@ void metrics_counters_init(struct metrics_counters *c);
 long long metrics_dead_total(struct metrics_counters *c);
 void histogram_observe(struct histogram *h, double seconds);
 
-struct host;
+/* What a scrape reads from the owner besides the counters: filled by metrics_gauges_fn on
+   the HTTP thread (take the owner's locks there, briefly). */
+struct metrics_gauges {
+  int slots;                    /* threads in this process */
+  int leases_held;              /* running, buffered or settling */
+  char script_version[SCRIPT_VERSION_LEN + 1];
+};
+typedef void metrics_gauges_fn(void *arg, struct metrics_gauges *g);
+
 struct metrics;
 
-/* Serves on addr ("HOST:PORT", "[::1]:PORT" or ":PORT"); NULL with err when it cannot. */
-struct metrics *metrics_start(const char *addr, struct host *h, char *err, size_t errlen);
+/* Serves on addr ("HOST:PORT", "[::1]:PORT" or ":PORT"); NULL with err when it cannot.
+   counters must outlive metrics_stop. */
+struct metrics *metrics_start(const char *addr, struct metrics_counters *counters,
+                              metrics_gauges_fn *gauges, void *arg, char *err, size_t errlen);
 void metrics_stop(struct metrics *m);
 
 #endif

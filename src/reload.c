@@ -1,7 +1,7 @@
 /* reload: inotify watcher and the reload probe. See reload.h. */
 #include "reload.h"
 
-#include "host_internal.h"
+#include "db.h"
 #include "log.h"
 #include "script.h"
 
@@ -21,7 +21,7 @@
 #define WATCH_DEPTH 4
 
 struct reload {
-  struct host *h;
+  struct reload_config cfg;
   pthread_t thread;
   int inotify_fd;
   int pipe_fd[2];               /* 'r' = reload now (SIGHUP), 'q' = quit */
@@ -50,12 +50,12 @@ static void load_job_unref(struct load_job *j);
 static void watch_tree(struct reload *r, const char *path, int depth);
 static void try_reload(struct reload *r, const char *why);
 
-struct reload *reload_start(struct host *h)
+struct reload *reload_start(const struct reload_config *cfg)
 {
   struct reload *r = calloc(1, sizeof *r);
   if (!r)
     return NULL;
-  r->h = h;
+  r->cfg = *cfg;
   r->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (r->inotify_fd < 0 || pipe(r->pipe_fd) != 0) {
     log_error("hot swap: cannot watch files: %m");
@@ -69,13 +69,15 @@ struct reload *reload_start(struct host *h)
   fcntl(r->pipe_fd[0], F_SETFL, O_NONBLOCK);
   fcntl(r->pipe_fd[1], F_SETFL, O_NONBLOCK);
   char dir[PATH_MAX];
-  const char *slash = strrchr(h->cfg->script_path, '/');
-  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - h->cfg->script_path) : 1,
-           slash ? h->cfg->script_path : ".");
+  const char *slash = strrchr(cfg->script_path, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - cfg->script_path) : 1,
+           slash ? cfg->script_path : ".");
   watch_tree(r, dir[0] ? dir : "/", 0);
-  for (int i = 0; i < h->cfg->nlua_path; i++)
-    watch_tree(r, h->cfg->lua_path[i], 0);
-  snprintf(r->version, sizeof r->version, "%s", h->version);
+  for (int i = 0; i < cfg->nlua_path; i++)
+    watch_tree(r, cfg->lua_path[i], 0);
+  pthread_mutex_lock(cfg->mu);
+  snprintf(r->version, sizeof r->version, "%s", cfg->src->version);
+  pthread_mutex_unlock(cfg->mu);
   if (pthread_create(&r->thread, NULL, reload_main, r) != 0) {
     log_error("hot swap: cannot start the watcher thread");
     close(r->inotify_fd);
@@ -177,22 +179,22 @@ static void *reload_main(void *arg)
    setup does not return within the load limit is refused like one that fails. */
 static void try_reload(struct reload *r, const char *why)
 {
-  struct host *h = r->h;
+  const struct reload_config *cfg = &r->cfg;
   char err[DB_ERR_MAX];
   size_t len = 0;
   if (reload_loaders_stuck() > 0) {
     /* Each stuck setup holds a core: do not pile up another behind it. A restart clears. */
-    atomic_fetch_add(&h->stats.reloads_refused, 1);
+    atomic_fetch_add(&cfg->counters->reloads_refused, 1);
     log_error("hot swap (%s) refused, slots keep version %s: an earlier version's setup is "
               "still stuck; restart the worker to load a new version", why, r->version);
     return;
   }
-  char *text = script_read_file(h->cfg->script_path, &len, err, sizeof err);
-  struct script *probe = text ? reload_load_bounded(h->cfg->script_path, text, len, &h->sh,
-                                                    host_load_limit(h), err, sizeof err)
+  char *text = script_read_file(cfg->script_path, &len, err, sizeof err);
+  struct script *probe = text ? reload_load_bounded(cfg->script_path, text, len, cfg->sh,
+                                                    cfg->load_limit, err, sizeof err)
                               : NULL;
   if (!probe) {
-    atomic_fetch_add(&h->stats.reloads_refused, 1);
+    atomic_fetch_add(&cfg->counters->reloads_refused, 1);
     log_error("hot swap (%s) refused, slots keep version %s: %s", why, r->version, err);
     free(text);
     return;
@@ -203,14 +205,14 @@ static void try_reload(struct reload *r, const char *why)
   /* A SIGHUP reloads even an unchanged version (setup runs again). The version covers the
      modules loaded with the script, so a changed module is a new version; a module first
      required by a task is not in it (it is loaded afresh by each task anyway). */
-  pthread_mutex_lock(&h->mu);
-  free(h->script_text);
-  h->script_text = text;
-  h->script_len = len;
-  h->generation++;
-  snprintf(h->version, sizeof h->version, "%s", r->version);   /* for leash_script_info */
-  pthread_mutex_unlock(&h->mu);
-  atomic_fetch_add(&h->stats.reloads_loaded, 1);
+  pthread_mutex_lock(cfg->mu);
+  free(cfg->src->text);
+  cfg->src->text = text;
+  cfg->src->len = len;
+  cfg->src->generation++;
+  snprintf(cfg->src->version, sizeof cfg->src->version, "%s", r->version);
+  pthread_mutex_unlock(cfg->mu);
+  atomic_fetch_add(&cfg->counters->reloads_loaded, 1);
   log_info("hot swap (%s): slots load version %s between tasks%s", why, r->version,
            changed ? "" : " (unchanged: setup runs again)");
 }

@@ -9,16 +9,39 @@
 #ifndef LEASH_RELOAD_H
 #define LEASH_RELOAD_H
 
+#include "metrics.h"
+#include "script.h"
+
+#include <pthread.h>
 #include <stddef.h>
 
-struct host;
 struct reload;
-struct script;
-struct script_host;
+
+/* The script text the slots load, and its version: written by reload.c (a new generation for
+   each version that loads), read by the slots between tasks and by metrics. Guarded by the
+   owner's mutex (reload_config.mu). */
+struct script_source {
+  unsigned generation;
+  char *text;
+  size_t len;
+  char version[SCRIPT_VERSION_LEN + 1];
+};
+
+struct reload_config {
+  const char *script_path;
+  const char *const *lua_path;   /* watched as well as the script's folder */
+  int nlua_path;
+  const struct script_host *sh;  /* what each probe load gets */
+  double load_limit;             /* reload_load_bounded's limit */
+  pthread_mutex_t *mu;           /* guards *src */
+  struct script_source *src;
+  struct metrics_counters *counters;   /* reloads_loaded, reloads_refused */
+};
 
 /* NULL (logged) when inotify or the thread cannot start; hot swap then works by SIGHUP only
-   if the caller falls back to reload_request... so the host treats NULL as a start failure. */
-struct reload *reload_start(struct host *h);
+   if the caller falls back to reload_request... so the host treats NULL as a start failure.
+   cfg is copied; what it points to must outlive reload_stop. */
+struct reload *reload_start(const struct reload_config *cfg);
 /* Asks for a reload now (SIGHUP); async-signal-safe. */
 void reload_request(struct reload *r);
 void reload_stop(struct reload *r);

@@ -1,16 +1,16 @@
 /* signals: SIGTERM/SIGINT drain, SIGHUP hot swap, on a thread of their own. See signals.h. */
 #include "signals.h"
 
-#include "host_internal.h"
 #include "log.h"
-#include "reload.h"
+#include "task.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 struct signals {
-  struct host *h;
+  struct signal_handlers on;
   pthread_t thread;
   int count;                    /* SIGTERM/SIGINT seen */
   double first;                 /* monotonic, the first of them */
@@ -27,7 +27,7 @@ static void signal_set(sigset_t *set)
   sigaddset(set, SIGUSR1);   /* signals_stop */
 }
 
-struct signals *signals_start(struct host *h)
+struct signals *signals_start(const struct signal_handlers *handlers)
 {
   sigset_t set;
   signal_set(&set);
@@ -36,7 +36,7 @@ struct signals *signals_start(struct host *h)
   struct signals *s = calloc(1, sizeof *s);
   if (!s)
     return NULL;
-  s->h = h;
+  s->on = *handlers;
   if (pthread_create(&s->thread, NULL, signals_main, s) != 0) {
     free(s);
     return NULL;
@@ -56,7 +56,6 @@ void signals_stop(struct signals *s)
 static void *signals_main(void *arg)
 {
   struct signals *s = arg;
-  struct host *h = s->h;
   sigset_t set;
   signal_set(&set);
   for (;;) {
@@ -64,14 +63,11 @@ static void *signals_main(void *arg)
     if (sigwait(&set, &sig) != 0 || sig == SIGUSR1)
       return NULL;
     const char *name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
-    pthread_mutex_lock(&h->mu);
     if (sig == SIGHUP) {
-      if (h->reload)
-        reload_request(h->reload);
+      s->on.reload(s->on.arg);
     } else if (s->count++ == 0) {
       s->first = task_now();
-      h->draining = 1;
-      atomic_store(&h->stats.ready, 0);
+      s->on.drain(s->on.arg);
       log_info("%s: draining (a second signal stops at once)", name);
     } else if (task_now() - s->first < SIGNALS_COALESCE_S) {
       /* One request delivered twice (to the process and to its group), not an impatient
@@ -82,7 +78,5 @@ static void *signals_main(void *arg)
       log_warn("second signal: stopping at once; held leases will expire");
       _exit(1);
     }
-    pthread_cond_signal(&h->cv);
-    pthread_mutex_unlock(&h->mu);
   }
 }

@@ -25,7 +25,8 @@ struct task {
      thread, read by the slot before every side effect: atomic. */
   _Atomic double lease_deadline;
   atomic_int lost;        /* set by the lease thread, a slot or drain; never cleared */
-  int finished;           /* the script is done and the outcome awaits settle (under mu) */
+  int finished;           /* the script is done and the outcome awaits settle (under the
+                             lease registry's lock) */
 
   /* Filled by the slot after the script ran (or by the watchdog for a wedged slot). */
   struct outcome out;

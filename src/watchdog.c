@@ -2,7 +2,6 @@
    watchdog.h. */
 #include "watchdog.h"
 
-#include "host_internal.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -17,7 +16,7 @@
 #define TICK_LATE_S 1.0
 
 struct watchdog {
-  struct host *h;
+  struct watchdog_config cfg;
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;            /* CLOCK_MONOTONIC; signalled by watchdog_stop */
@@ -25,15 +24,15 @@ struct watchdog {
 };
 
 static void *watchdog_main(void *arg);
-static int check_slots(struct host *h, double now, double not_before);
+static int check_slots(const struct watchdog_config *cfg, double now, double not_before);
 static int wait_tick(struct watchdog *w, double seconds);
 
-struct watchdog *watchdog_start(struct host *h)
+struct watchdog *watchdog_start(const struct watchdog_config *cfg)
 {
   struct watchdog *w = calloc(1, sizeof *w);
   if (!w)
     return NULL;
-  w->h = h;
+  w->cfg = *cfg;
   pthread_mutex_init(&w->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -67,28 +66,28 @@ void watchdog_stop(struct watchdog *w)
 static void *watchdog_main(void *arg)
 {
   struct watchdog *w = arg;
-  struct host *h = w->h;
+  const struct watchdog_config *cfg = &w->cfg;
   double last = task_now(), not_before = 0;
   for (;;) {
     if (wait_tick(w, TICK_S))
       return NULL;
     double now = task_now();
     if (now - last > TICK_LATE_S) {
-      not_before = now + h->cfg->watchdog_grace;
+      not_before = now + cfg->grace;
       log_info("watchdog: no tick for %.1f s (process frozen or starved); slots get a fresh "
-               "%g s grace", now - last, h->cfg->watchdog_grace);
+               "%g s grace", now - last, cfg->grace);
     }
     last = now;
-    if (check_slots(h, now, not_before))
+    if (check_slots(cfg, now, not_before))
       break;
   }
-  /* The dispatcher exits the process from wedge_exit; this is only for when it cannot (it is
+  /* The owner (the dispatcher's wedge_exit) exits the process; this is only for when it cannot (it is
      waiting on a database that is away): then the leases expire, as after a crash. */
   if (wait_tick(w, WATCHDOG_BACKSTOP_S))
     return NULL;
   log_error("watchdog: the dispatcher did not give the leases back within %.0f s; exiting "
-            "with status %d, held leases will expire", WATCHDOG_BACKSTOP_S, HOST_EXIT_WEDGED);
-  _exit(HOST_EXIT_WEDGED);
+            "with status %d, held leases will expire", WATCHDOG_BACKSTOP_S, WATCHDOG_EXIT_WEDGED);
+  _exit(WATCHDOG_EXIT_WEDGED);
 }
 
 /* 1 when told to quit, else 0 after `seconds`. */
@@ -109,30 +108,26 @@ static int wait_tick(struct watchdog *w, double seconds)
 
 /* One look at every slot. 1 once a slot was found wedged and handed to the dispatcher.
    Before not_before (after a freeze) nothing is judged, only noted. */
-static int check_slots(struct host *h, double now, double not_before)
+static int check_slots(const struct watchdog_config *cfg, double now, double not_before)
 {
-  const struct host_config *cfg = h->cfg;
-  double grace = cfg->watchdog_grace;
+  double grace = cfg->grace;
   double stop_grace = grace < WATCHDOG_STOP_GRACE_MAX_S ? grace : WATCHDOG_STOP_GRACE_MAX_S;
-  int stopping = atomic_load(&h->stopping);
-  char why[sizeof h->wedged_why];
+  int stopping = atomic_load(cfg->stopping);
+  char why[256];
   int slot = -1, settle = 0;
   struct task *wedged = NULL;
   char id[32] = "", attempt[16] = "";
 
-  pthread_mutex_lock(&h->mu);
-  if (h->wedged) {
-    pthread_mutex_unlock(&h->mu);
-    return 1;
-  }
+  /* Called until a slot is found wedged, never after (watchdog_main stops looking). */
+  pthread_mutex_lock(cfg->mu);
   int closing = 0;
-  for (int i = 0; i < h->nwatch && !wedged && !closing; i++) {
-    struct slot_watch *sw = &h->watch[i];
+  for (int i = 0; i < cfg->nwatch && !wedged && !closing; i++) {
+    struct slot_watch *sw = &cfg->watch[i];
     struct task *t = sw->task;
     if (!t && sw->closing > 0 && now >= not_before) {
       /* Closing a state runs its finalizers: stuck there, the slot never takes a task again,
          and at shutdown the process would wait for it forever. */
-      double g = h->draining ? stop_grace : grace;
+      double g = *cfg->draining ? stop_grace : grace;
       if (now - sw->closing < g)
         continue;
       snprintf(why, sizeof why, "closing a Lua state did not finish within %g s (a finalizer "
@@ -140,12 +135,8 @@ static int check_slots(struct host *h, double now, double not_before)
       closing = 1;
       slot = i;
       log_error("watchdog: slot %d is wedged: %s; exiting with status %d", slot, why,
-                HOST_EXIT_WEDGED);
-      h->wedged = 1;
-      h->wedged_task = NULL;
-      h->wedged_settle = 0;
-      snprintf(h->wedged_why, sizeof h->wedged_why, "%s", why);
-      pthread_cond_signal(&h->cv);
+                WATCHDOG_EXIT_WEDGED);
+      cfg->on_wedged(cfg->arg, NULL, 0, why);
       break;
     }
     if (!t)
@@ -174,28 +165,24 @@ static int check_slots(struct host *h, double now, double not_before)
     settle = !lost;
     snprintf(id, sizeof id, "%lld", (long long)t->id);
     snprintf(attempt, sizeof attempt, "%d", t->attempt);
-    /* Logged before the dispatcher is told: it may _exit as soon as it sees h->wedged, and
-       the cause must be in the log first. */
+    /* Logged before the owner is told: it may _exit as soon as it sees the wedge, and the
+       cause must be in the log first. */
     struct log_field f[] = {
       { "task_id", id }, { "attempt", attempt }, { "worker", cfg->worker_id }, { NULL, NULL },
     };
     log_fields(LOG_ERROR, f, "watchdog: slot %d is wedged: %s; the worker gives its leases "
-               "back and exits with status %d", slot, why, HOST_EXIT_WEDGED);
+               "back and exits with status %d", slot, why, WATCHDOG_EXIT_WEDGED);
     /* No renewal from now on (lease.c skips lost tasks): a zombie cannot keep the row. */
     atomic_store(&t->lost, 1);
-    h->wedged = 1;
-    h->wedged_task = t;
-    h->wedged_settle = settle;
-    snprintf(h->wedged_why, sizeof h->wedged_why, "%s", why);
-    pthread_cond_signal(&h->cv);
+    cfg->on_wedged(cfg->arg, t, settle, why);
   }
-  int nheld = h->nheld;
-  pthread_mutex_unlock(&h->mu);
+  pthread_mutex_unlock(cfg->mu);
+  int nheld = closing ? lease_registry_count(cfg->registry) : 1;
   if (closing) {
     /* Nothing held (the shutdown, where the dispatcher is joining that slot): nothing to
        give back, so no need to wait for the dispatcher. */
     if (nheld == 0)
-      _exit(HOST_EXIT_WEDGED);
+      _exit(WATCHDOG_EXIT_WEDGED);
     return 1;
   }
   return wedged ? 1 : 0;

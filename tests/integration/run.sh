@@ -300,6 +300,39 @@ case_drain_sigterm() {
   assert_no_sanitizer_reports
 }
 
+# 8b. A drain that begins while tasks are buffered (claimed, not started) and others have
+# just finished gives the buffered ones back and still settles the finished ones: the drain
+# ends at once with nothing leased, not at the drain deadline (the finished ones were once
+# dropped with the buffer, stayed held, and the worker never exited). Short tasks keep the
+# ready buffer full; five workers in turn, so that a SIGTERM lands mid-stream (the old code
+# hung in about half of the runs of this case).
+case_drain_with_buffered_tasks_settles_the_finished_ones() {
+  run_setup
+  local i n=6000
+  for i in $(seq 1 "$n"); do
+    printf '{"payload":{"sleep":0.003}}\n'
+  done >"$T_TMP/many.jsonl"
+  enqueue_file "$T_TMP/many.jsonl" "$n"
+  local w before
+  for w in A B C D E; do
+    before=$(q "select count(*) from execs where finished is not null")
+    start_worker "$w" "$FIX/record.lua" --concurrency 4 --claim-batch 64 --drain-timeout 20 \
+      --poll-ms 20-50
+    wait_for "$w to run 150 tasks" 30 q_true \
+      "select count(*) >= $before + 150 from execs where finished is not null"
+    kill -TERM "${W_PID[$w]}"
+    # Well within the drain timeout: only the tasks running at SIGTERM (3 ms each) remain.
+    assert_worker_exit "$w" 10 0
+    assert_eq "rows still leased after $w's drain" \
+      "$(q "select count(*) from agent_work_queue where status = 'leased'")" 0
+    log_has "$w" "drain timeout" && fail "$w reached the drain deadline"$'\n'"$(worker_log "$w")"
+  done
+  assert_eq "every execution that finished was settled done" \
+    "$(q "select count(*) from execs e join agent_work_queue q on q.id = e.task_id
+          where e.finished is not null and q.status <> 'done'")" 0
+  assert_no_sanitizer_reports
+}
+
 # 9. A script that does not load stops `run` at start (exit 1, the Lua error on stderr);
 # an unknown option is a usage error (exit 2).
 case_script_load_failure_exits_1() {

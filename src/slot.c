@@ -1,0 +1,148 @@
+/* slot: the slot thread's state machine. See slot.h. */
+#include "slot.h"
+
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SLOT_STACK (512 * 1024)
+
+static void *slot_main(void *arg);
+static struct task *wait_for_task(struct slot *s, char **text, size_t *len, unsigned *gen);
+static void load_version(struct slot *s, char *text, size_t len, unsigned generation);
+static void run_task(struct slot *s, struct task *t);
+static void close_script(struct slot *s, struct script *script);
+
+int slot_start(struct slot *s, const struct slot_env *env, int index, struct slot_watch *watch,
+               char *err, size_t errlen)
+{
+  *s = (struct slot){ .env = env, .index = index, .watch = watch,
+                      .generation = env->src->generation };
+  pthread_cond_init(&s->cv, NULL);
+  s->script = reload_load_bounded(env->script_path, env->src->text, env->src->len, env->sh,
+                                  env->load_limit, err, errlen);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, SLOT_STACK);
+  int ok = s->script && pthread_create(&s->thread, &attr, slot_main, s) == 0;
+  pthread_attr_destroy(&attr);
+  if (ok)
+    return 0;
+  if (s->script)
+    snprintf(err, errlen, "thread");
+  script_free(s->script);
+  s->script = NULL;
+  pthread_cond_destroy(&s->cv);
+  return -1;
+}
+
+void slot_give(struct slot *s, struct task *t)
+{
+  s->task = t;
+  pthread_cond_signal(&s->cv);
+}
+
+void slot_quit(struct slot *s)
+{
+  s->quit = 1;
+  pthread_cond_signal(&s->cv);
+}
+
+void slot_join(struct slot *s)
+{
+  pthread_join(s->thread, NULL);
+  script_free(s->script);   /* NULL: the thread closed it */
+  pthread_cond_destroy(&s->cv);
+}
+
+static void *slot_main(void *arg)
+{
+  struct slot *s = arg;
+  for (;;) {
+    char *text = NULL;
+    size_t len = 0;
+    unsigned generation = 0;
+    struct task *t = wait_for_task(s, &text, &len, &generation);
+    if (!t)
+      break;
+    if (text)
+      load_version(s, text, len, generation);
+    run_task(s, t);
+  }
+  close_script(s, s->script);
+  s->script = NULL;
+  return NULL;
+}
+
+/* The next task, or NULL on quit. Between tasks a hot swap, or a fresh state after an
+   out-of-memory error: then *text is a copy of the version to load (taken under mu, as the
+   source may be replaced at any time). */
+static struct task *wait_for_task(struct slot *s, char **text, size_t *len, unsigned *gen)
+{
+  const struct slot_env *env = s->env;
+  pthread_mutex_lock(env->mu);
+  while (!s->task && !s->quit)
+    pthread_cond_wait(&s->cv, env->mu);
+  struct task *t = s->task;
+  *gen = env->src->generation;
+  *len = env->src->len;
+  if (t && (*gen != s->generation || script_broken(s->script))) {
+    *text = malloc(*len);
+    if (*text)
+      memcpy(*text, env->src->text, *len);
+  }
+  pthread_mutex_unlock(env->mu);
+  return t;
+}
+
+/* Bounded: a setup that wedges here leaves the slot on its old version. Frees text. */
+static void load_version(struct slot *s, char *text, size_t len, unsigned generation)
+{
+  const struct slot_env *env = s->env;
+  char err[DB_ERR_MAX];
+  struct script *fresh = reload_load_bounded(env->script_path, text, len, env->sh,
+                                             env->load_limit, err, sizeof err);
+  free(text);
+  if (fresh) {
+    log_debug("slot %d now runs version %s", s->index, script_version(fresh));
+    close_script(s, s->script);
+    s->script = fresh;
+  } else {
+    log_warn("slot %d keeps version %s: %s", s->index, script_version(s->script), err);
+  }
+  s->generation = generation;
+}
+
+/* Runs t where the watchdog sees it, then hands it back and takes the next task, if the
+   owner has one ready, without a trip through the dispatcher. */
+static void run_task(struct slot *s, struct task *t)
+{
+  const struct slot_env *env = s->env;
+  atomic_fetch_add(&env->stats->busy_slots, 1);
+  pthread_mutex_lock(env->mu);   /* what the watchdog sees: this task in handle() since now */
+  *s->watch = (struct slot_watch){ .task = t, .started = task_now() };   /* closing is 0 */
+  pthread_mutex_unlock(env->mu);
+  script_run(s->script, t);
+  atomic_fetch_sub(&env->stats->busy_slots, 1);
+  histogram_observe(&env->stats->task_seconds, t->duration);
+  pthread_mutex_lock(env->mu);
+  s->watch->task = NULL;
+  lease_registry_finished(env->registry, t);
+  s->task = env->hand_back(env->arg, s, t);
+  pthread_mutex_unlock(env->mu);
+}
+
+/* lua_close runs the state's pending finalizers: C-level code the count hook cannot stop, so
+   the watchdog watches it like a task (a state closed at shutdown included). */
+static void close_script(struct slot *s, struct script *script)
+{
+  pthread_mutex_lock(s->env->mu);
+  s->watch->closing = task_now();
+  pthread_mutex_unlock(s->env->mu);
+  script_free(script);
+  pthread_mutex_lock(s->env->mu);
+  s->watch->closing = 0;
+  pthread_mutex_unlock(s->env->mu);
+}
