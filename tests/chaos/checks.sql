@@ -98,6 +98,11 @@ UPDATE ex SET cause = CASE
   WHEN EXISTS (SELECT 1 FROM events v WHERE v.kind = 'sigterm' AND v.target = ex.worker
                 AND v.at BETWEEN ex.claimed_at AND ex.ended_at)
     THEN 'reaped: its worker was draining (SIGTERM)'
+  -- The watchdog ends a process with a wedged slot; what it could not settle or give back
+  -- (the database down at that moment) expires like any crashed worker's lease.
+  WHEN EXISTS (SELECT 1 FROM incarnations i WHERE i.worker = ex.worker AND i.rc = 3
+                AND i.ended BETWEEN ex.claimed_at AND ex.ended_at)
+    THEN 'reaped: its worker was restarted by its watchdog'
   ELSE 'UNEXPLAINED: reaped, but its worker was not killed, stopped or told of the loss'
 END;
 

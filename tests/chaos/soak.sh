@@ -345,8 +345,14 @@ enqueue_chunk() {
       psql_q -f "$f" >/dev/null 2>>"$WORK/producer.log" && { ok=1; break; }
     fi
     # Did it commit although we saw an error? (COPY and INSERT are one transaction each.)
-    have=$(psql_q -c "SELECT count(*) FROM agent_work_queue
-                       WHERE (payload->>'n')::int BETWEEN $lo AND $hi AND payload->>'via' = '$via'" 2>/dev/null)
+    # Ask until the server answers: enqueuing again on no answer made duplicates when the
+    # first try had committed just before a restart (seen in a 30-minute soak).
+    have=""
+    while [[ -z $have ]] && (($(us) < deadline)); do
+      have=$(psql_q -c "SELECT count(*) FROM agent_work_queue
+                         WHERE (payload->>'n')::int BETWEEN $lo AND $hi AND payload->>'via' = '$via'" 2>/dev/null) \
+        || { have=""; sleep 0.5; }
+    done
     if [[ $have == "$want" ]]; then ok=1; break; fi
     if [[ -n $have && $have != 0 ]]; then
       echo "chunk $lo-$hi $via: $have of $want rows after a failure" >>"$WORK/producer.log"
