@@ -808,7 +808,9 @@ static const char *settle_wedge(struct dispatcher *d, const struct wedge_plan *p
                            : "none (the slot was closing a Lua state)";
   if (p->nsettle == 0)
     return wrote;
-  char err[DB_ERR_MAX];
+  /* Named before the connection is tried: ensure_connection fills no message of its own
+     (a log line once showed uninitialised stack here, as "(not valid UTF-8)"). */
+  char err[DB_ERR_MAX] = "no connection to the database";
   char *applied = calloc((size_t)p->nsettle, 1);
   struct task *none = NULL;
   double due;
