@@ -16,7 +16,8 @@ set(LEASH_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=all
 add_library(leash_core_fuzz STATIC
   ${CMAKE_SOURCE_DIR}/src/enqueue.c ${CMAKE_SOURCE_DIR}/src/json_lua.c
   ${CMAKE_SOURCE_DIR}/src/pgvalue.c ${CMAKE_SOURCE_DIR}/src/cli.c
-  ${CMAKE_SOURCE_DIR}/src/db.c ${CMAKE_SOURCE_DIR}/src/log.c)
+  ${CMAKE_SOURCE_DIR}/src/db.c ${CMAKE_SOURCE_DIR}/src/log.c ${CMAKE_SOURCE_DIR}/src/buf.c
+  ${CMAKE_SOURCE_DIR}/src/luatext.c)
 target_include_directories(leash_core_fuzz PUBLIC ${CMAKE_SOURCE_DIR}/src)
 target_compile_options(leash_core_fuzz PRIVATE ${LEASH_WARNINGS}
                        PUBLIC -fsanitize=fuzzer-no-link ${LEASH_FUZZ_SAN})

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "buf.h"
 #include "enqueue.h"
 #include "fuzz.h"
 
@@ -28,8 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   const char *line = (const char *)data;
   char err[256];
   char *run_after = (char *)&err;   /* must be overwritten in every case */
-  char *buf = NULL;
-  size_t len = 0, cap = 0, first;
+  struct buf b = { 0 };
+  size_t first;
   long line_no = (long)size - 2;   /* negative, zero and positive numbers all occur */
   enum enqueue_verdict v;
 
@@ -54,14 +55,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   }
 
   /* COPY rows are built only for OK lines, but must be right for any bytes */
-  FUZZ_CHECK(enqueue_copy_row(&buf, &len, &cap, line_no, line, size, run_after) == 0);
-  FUZZ_CHECK(len < cap);
-  first = check_row(buf, len, line_no, line, size, run_after);
-  FUZZ_CHECK(first == len);
-  FUZZ_CHECK(enqueue_copy_row(&buf, &len, &cap, line_no + 1, line, size, NULL) == 0);
-  FUZZ_CHECK(check_row(buf, first, line_no, line, size, run_after) == first);
-  FUZZ_CHECK(check_row(buf + first, len - first, line_no + 1, line, size, NULL) == len - first);
-  free(buf);
+  FUZZ_CHECK(enqueue_copy_row(&b, line_no, line, size, run_after) == 0);
+  FUZZ_CHECK(b.len < b.cap && b.s[b.len] == '\0');
+  first = check_row(b.s, b.len, line_no, line, size, run_after);
+  FUZZ_CHECK(first == b.len);
+  FUZZ_CHECK(enqueue_copy_row(&b, line_no + 1, line, size, NULL) == 0);
+  FUZZ_CHECK(check_row(b.s, first, line_no, line, size, run_after) == first);
+  FUZZ_CHECK(check_row(b.s + first, b.len - first, line_no + 1, line, size, NULL) == b.len - first);
+  buf_free(&b);
   free(run_after);
   return 0;
 }
