@@ -36,12 +36,13 @@ int main(int argc, char **argv)
   static const struct option opts[] = { CLI_GLOBAL_OPTIONS, { NULL, 0, NULL, 0 } };
   int opt, done;
 
+  /* No libcrypto clean-up at exit: a loader thread stuck in a wedged setup may still be
+     hashing when the process exits, and its cleanup would free what that thread uses. First,
+     before libcurl initialises libcrypto: only the first initialisation decides. */
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
   /* Before any thread: libcurl's global state is not thread-safe to set up. */
   curl_global_init(CURL_GLOBAL_DEFAULT);
   atexit(curl_global_cleanup);
-  /* No libcrypto clean-up at exit: a loader thread stuck in a wedged setup may still be
-     hashing when the process exits, and its cleanup would free what that thread uses. */
-  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
 
   /* '+': stop at the command; its own options (and globals after it) are its business. */
   opterr = 0;
