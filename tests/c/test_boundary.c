@@ -3,6 +3,7 @@
    with a clear error and the process goes on. A case that fails by a panic aborts the binary,
    so ctest reports it; under ASan a use-after-free does the same. */
 #include "check.h"
+#include "script_fixture.h"
 
 #include "lifecycle.h"
 #include "script.h"
@@ -13,10 +14,6 @@
 #error "FIXTURES must name tests/fixtures/boundary"
 #endif
 
-static atomic_int stopping;
-static pthread_mutex_t wake_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;
-
 struct limits {
   double timeout;        /* --task-timeout */
   size_t memory;         /* --lua-memory, bytes */
@@ -25,27 +22,12 @@ struct limits {
 
 static struct script_host host(struct limits l)
 {
-  atomic_init(&stopping, 0);
-  return (struct script_host){
-    .worker_id = "test-worker", .stopping = &stopping, .wake_mu = &wake_mu,
-    .wake_cv = &wake_cv, .task_timeout = l.timeout, .memory_limit = l.memory,
-    .max_result_bytes = l.max_result,
-  };
+  return fixture_host(l.timeout, l.memory, l.max_result);
 }
 
 static struct task *new_task(const char *payload)
 {
-  struct task *t = calloc(1, sizeof *t);
-  t->id = 7;
-  t->attempt = 1;
-  t->max_attempts = 8;
-  t->tenant_id = strdup("t");
-  t->shard_key = strdup("s");
-  t->payload = strdup(payload);
-  t->out.delay = -1;
-  atomic_init(&t->lost, 0);
-  atomic_init(&t->lease_deadline, task_now() + 3600);
-  return t;
+  return fixture_task(7, "t", payload);
 }
 
 /* Loads len bytes of text as a whole script (the case fails when it does not load) and runs

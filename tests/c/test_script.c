@@ -1,5 +1,6 @@
 /* The Lua bridge through the real loader, sandbox and outcome mapping (no database). */
 #include "check.h"
+#include "script_fixture.h"
 
 #include "script.h"
 
@@ -10,32 +11,14 @@
 #error "FIXTURES must name tests/fixtures/lua"
 #endif
 
-static atomic_int stopping;
-static pthread_mutex_t wake_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;
-
 static struct script_host host(double timeout, size_t memory)
 {
-  atomic_init(&stopping, 0);
-  return (struct script_host){
-    .worker_id = "test-worker", .stopping = &stopping, .wake_mu = &wake_mu,
-    .wake_cv = &wake_cv, .task_timeout = timeout, .memory_limit = memory,
-  };
+  return fixture_host(timeout, memory, 0);
 }
 
 static struct task *new_task(const char *payload)
 {
-  struct task *t = calloc(1, sizeof *t);
-  t->id = 42;
-  t->attempt = 1;
-  t->max_attempts = 8;
-  t->tenant_id = strdup("t");
-  t->shard_key = strdup("s");
-  t->payload = strdup(payload);
-  t->out.delay = -1;
-  atomic_init(&t->lost, 0);
-  atomic_init(&t->lease_deadline, task_now() + 3600);
-  return t;
+  return fixture_task(42, "t", payload);
 }
 
 /* outcomes.lua, loaded for h; the case fails when it does not load. */
