@@ -40,7 +40,7 @@ static int result_gc(lua_State *L);
 static void result_free(lua_State *L, int idx);
 static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
                            const char *const *params);
-static void task_fence(const struct task *t, char id[24], char attempt[16]);
+static void task_fence(const struct task *t, char id[24], char token[24]);
 static void push_outcome(lua_State *L, const char *kind);
 
 static const char outcome_key = 'O';
@@ -343,11 +343,11 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
   return *box;
 }
 
-/* The running task's fencing token as text: id and attempt (owner is the worker id). */
-static void task_fence(const struct task *t, char id[24], char attempt[16])
+/* The running task's fence as text: id and lease token (owner is the worker id). */
+static void task_fence(const struct task *t, char id[24], char token[24])
 {
   snprintf(id, 24, "%lld", (long long)t->id);
-  snprintf(attempt, 16, "%d", t->attempt);
+  snprintf(token, 24, "%lld", (long long)t->token);
 }
 
 /* leash.step(name, fn): runs fn once per task across all attempts. A stored result is
@@ -362,10 +362,10 @@ static int l_step(lua_State *L)
   taskctx_check_live(L, "leash.step");
   const struct script_host *h = taskctx_of(L)->host;
   struct task *t = taskctx_of(L)->task;
-  char id[24], attempt[16], err[512];
+  char id[24], token[24], err[512];
   if (!h->sql)
     return luaL_error(L, "leash.step: no database in this context");
-  task_fence(t, id, attempt);
+  task_fence(t, id, token);
 
   const char *get[] = { id, name };
   PGresult *r = pool_exec(L, "leash.step", h->sql->step_get, 2, get);   /* stack: +box */
@@ -393,7 +393,7 @@ static int l_step(lua_State *L)
   else
     lua_pushliteral(L, "");
   taskctx_check_live(L, "leash.step");
-  const char *put[] = { id, name, has ? lua_tostring(L, -1) : NULL, attempt, h->worker_id };
+  const char *put[] = { id, name, has ? lua_tostring(L, -1) : NULL, token, h->worker_id };
   r = pool_exec(L, "leash.step", h->sql->step_put, 5, put);
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.step: lease lost: step '%s' not stored", name);
@@ -412,10 +412,10 @@ static int l_enqueue(lua_State *L)
   taskctx_check_live(L, "leash.enqueue");
   const struct script_host *h = taskctx_of(L)->host;
   struct task *t = taskctx_of(L)->task;
-  char id[24], attempt[16], err[512], delay[32], max[16];
+  char id[24], token[24], err[512], delay[32], max[16];
   if (!h->sql)
     return luaL_error(L, "leash.enqueue: no database in this context");
-  task_fence(t, id, attempt);
+  task_fence(t, id, token);
 
   if (lua_getfield(L, 1, "payload") == LUA_TNIL)
     return luaL_argerror(L, 1, "payload is required");
@@ -453,7 +453,7 @@ static int l_enqueue(lua_State *L)
   }
   const char *params[] = { tenant, shard, lua_tostring(L, 3), delay_p, max_p,
                            has_batch ? "true" : "false", batch, h->table, id, h->worker_id,
-                           attempt };
+                           token };
   PGresult *r = pool_exec(L, "leash.enqueue", h->sql->enqueue, 11, params);
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.enqueue: lease lost: child task not enqueued");

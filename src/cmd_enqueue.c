@@ -64,7 +64,8 @@ static const char rows_fmt[] =
   "                $3::timestamptz, now() + make_interval(secs => $4::float8)) AS run_after, "
   "       coalesce((v.doc->>'max_attempts')::int, $5::int) AS max_attempts, "
   "       CASE WHEN v.doc ? 'batch' THEN v.doc->>'batch' ELSE $6 END AS batch, "
-  "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes "
+  "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes, "
+  "       (v.doc->>'priority')::int AS priority "
   "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, w.* FROM (%s) w) v";
 
 /* The INSERT for rows from `source`; malloc'd, NULL when out of memory. */

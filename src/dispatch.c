@@ -23,6 +23,11 @@
 #define EMPTY_RECHECK_MIN_S 0.01
 #define PROGRESS_EVERY_S 10.0
 #define IDLE_POLL_MAX_S 5.0
+/* An outcome whose shard head a producer holds locked is written again this much later:
+   producers commit within milliseconds, and a settle never waits for one (sql/011). */
+#define SETTLE_AGAIN_S 0.02
+/* The ready buffer's bound, in tasks per slot (see ready_target). */
+#define READY_PER_SLOT 8
 
 /* The loop's clocks, from one turn to the next. */
 struct pacing {
@@ -63,8 +68,16 @@ struct dispatcher {
   struct queue *q;
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
-  double avg_rtt, avg_duration;     /* moving averages (s): cycle round trip, task run time */
+  double avg_rtt;                   /* moving average (s) of the cycle's round trip */
+  /* Moving average of log(run time): the geometric mean, which a mix of 2 ms and 150 ms
+     tasks does not drag towards the short ones the way a mean of rates would; 0 = none yet. */
+  double avg_log_duration;
+  int have_duration;
   double next_due;                  /* from the last short claim: s until a row is due, or -1 */
+  /* Outcomes the database asked to write again (SETTLED_AGAIN: their shard's head row was
+     locked by a producer's open transaction), from again_at on. Dispatcher thread only. */
+  struct task *again, **again_tail;
+  double again_at;
   struct pacing pace;
 };
 
@@ -89,6 +102,7 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list);
 static int settle_alone(struct dispatcher *d, struct task *t, char *applied, char *err,
                         size_t errlen);
 static void finish_task(struct dispatcher *d, struct task *t, int applied);
+static void settle_later(struct dispatcher *d, struct task *t);
 static void release_running(struct dispatcher *d);
 static void stop_tasks(struct host *h);
 /* What the wedge exit writes and gives back (see wedge_exit). */
@@ -123,6 +137,7 @@ struct dispatcher *dispatcher_new(struct host *h)
   d->backoff = 0.1;
   d->done_tail = &d->done;
   d->ready_tail = &d->ready;
+  d->again_tail = &d->again;
   d->next_due = -1;
   d->slots = calloc((size_t)n, sizeof *d->slots);
   d->idle = calloc((size_t)n, sizeof *d->idle);
@@ -243,6 +258,22 @@ static void take_turn(struct dispatcher *d, struct turn *t)
   h->wake = 0;
   pthread_mutex_unlock(&h->mu);
   t->now = task_now();
+  if (d->again && t->now >= d->again_at) {
+    *d->again_tail = t->finished;
+    t->finished = d->again;
+    d->again = NULL;
+    d->again_tail = &d->again;
+  }
+}
+
+/* An outcome to write again shortly (SETTLED_AGAIN): its lease is still held and renewed. */
+static void settle_later(struct dispatcher *d, struct task *t)
+{
+  if (!d->again)
+    d->again_at = task_now() + SETTLE_AGAIN_S;
+  t->next = NULL;
+  *d->again_tail = t;
+  d->again_tail = &t->next;
 }
 
 /* Not draining: settle what finished and claim what the slots can take. */
@@ -351,6 +382,8 @@ static void wait_for_news(struct dispatcher *d, const struct turn *t)
                                                                  : p->next_progress;
   if (t->draining)
     until = p->released ? t->now + 0.1 : d->drain_deadline;
+  if (d->again && d->again_at < until)
+    until = d->again_at;
   pthread_mutex_lock(&h->mu);
   if (!d->done && !h->wake && !h->wedged && h->draining == t->draining && d->nidle == t->idle) {
     struct timespec ts;
@@ -511,7 +544,11 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
       while (keep) {
         struct task *t = keep;
         keep = t->next;
-        finish_task(d, t, applied[i++]);
+        if (applied[i] == SETTLED_AGAIN)
+          settle_later(d, t);
+        else
+          finish_task(d, t, applied[i]);
+        i++;
       }
       free(applied);
       atomic_fetch_add(&d->h->stats.claimed, got);
@@ -608,7 +645,10 @@ static void settle_one_by_one(struct dispatcher *d, struct task *list)
         continue;
       }
     }
-    finish_task(d, t, applied);
+    if (applied == SETTLED_AGAIN)
+      settle_later(d, t);
+    else
+      finish_task(d, t, applied);
   }
 }
 
@@ -626,9 +666,11 @@ static int settle_alone(struct dispatcher *d, struct task *t, char *applied, cha
    database away at the end, no memory): the lease expires and the task runs again. */
 static void finish_task(struct dispatcher *d, struct task *t, int applied)
 {
-  if (t->finished)
-    d->avg_duration = d->avg_duration > 0 ? 0.9 * d->avg_duration + 0.1 * t->duration
-                                          : t->duration;
+  if (t->finished) {
+    double x = log(t->duration > 1e-5 ? t->duration : 1e-5);
+    d->avg_log_duration = d->have_duration ? 0.9 * d->avg_log_duration + 0.1 * x : x;
+    d->have_duration = 1;
+  }
   if (applied == SETTLED_DONE) {
     atomic_fetch_add(&d->h->stats.done, 1);
     log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
@@ -671,16 +713,23 @@ static long long log_progress(struct dispatcher *d, long long before)
 }
 
 /* How many claimed-but-not-started tasks to keep so slots never wait for a round trip:
-   enough for what the slots finish during two round trips, from the measured task duration
-   and round-trip time (0 for long tasks, where a buffered task would only wait). */
+   enough for what the slots finish during two round trips, from the typical task duration
+   (geometric mean) and round-trip time; 0 for long tasks, where a buffered task would only
+   wait. Never more than READY_PER_SLOT per slot, however short the tasks, so that leases
+   spread over pods and a pod that dies strands few (issue #14): tasks of a few ms with a
+   round trip of 1 ms come to about one per slot, and only tasks far shorter than a round
+   trip (no-ops) reach the cap. */
 static int ready_target(const struct dispatcher *d)
 {
-  if (d->avg_duration <= 0 || d->avg_rtt <= 0)
+  if (!d->have_duration || d->avg_rtt <= 0)
     return 0;
-  double x = 2.0 * d->h->cfg->concurrency * d->avg_rtt / d->avg_duration;
+  double typical = exp(d->avg_log_duration);
+  double x = 2.0 * d->h->cfg->concurrency * d->avg_rtt / typical;
   if (x < 1)
     return 0;
-  return x > d->h->cfg->claim_batch ? d->h->cfg->claim_batch : (int)ceil(x);
+  int per_slot = READY_PER_SLOT * d->h->cfg->concurrency;
+  int cap = d->h->cfg->claim_batch < per_slot ? d->h->cfg->claim_batch : per_slot;
+  return x > cap ? cap : (int)ceil(x);
 }
 
 /* ---- drain and wedge ---- */
@@ -769,6 +818,9 @@ static void plan_wedge(struct dispatcher *d, struct wedge_plan *p)
     if (p->copy) {
       p->copy->id = p->w->id;
       p->copy->attempt = p->w->attempt;
+      p->copy->token = p->w->token;
+      p->copy->claimed_at = p->w->claimed_at;
+      p->copy->run_start = p->w->run_start;
       p->copy->max_attempts = p->w->max_attempts;
       p->copy->out.delay = -1;
       char msg[sizeof p->why + 64];
@@ -776,7 +828,16 @@ static void plan_wedge(struct dispatcher *d, struct wedge_plan *p)
       outcome_set(&p->copy->out, OUTCOME_RETRY, CAUSE_WEDGED, "wedged: ", msg);
     }
   }
-  /* Outcomes that finished before now are written like any others. */
+  /* Outcomes that finished before now are written like any others (those waiting to be
+     written again too: the dispatcher thread runs this). */
+  if (d->again) {
+    *d->again_tail = d->done;
+    if (!d->done)
+      d->done_tail = d->again_tail;
+    d->done = d->again;
+    d->again = NULL;
+    d->again_tail = &d->again;
+  }
   for (struct task *t = d->done; t; t = t->next)
     if (t != p->w && !atomic_load(&t->lost)) {
       atomic_store(&t->lost, 1);   /* not released below; the copy in `settle` is written */
@@ -785,6 +846,9 @@ static void plan_wedge(struct dispatcher *d, struct wedge_plan *p)
         continue;
       c->id = t->id;
       c->attempt = t->attempt;
+      c->token = t->token;
+      c->claimed_at = t->claimed_at;
+      c->run_start = t->run_start;
       c->max_attempts = t->max_attempts;
       c->out = t->out;   /* borrowed: the task is never freed before _exit */
       *p->tail = c;
@@ -848,7 +912,7 @@ static void release_ready(struct dispatcher *d)
   struct lease_key *keys = malloc((size_t)(n > 0 ? n : 1) * sizeof *keys);
   int i = 0;
   for (struct task *t = list; keys && t; t = t->next)
-    keys[i++] = (struct lease_key){ .id = t->id, .attempt = t->attempt };
+    keys[i++] = (struct lease_key){ .id = t->id, .token = t->token };
   char err[DB_ERR_MAX];
   if (keys && ensure_connection(d) &&
       queue_release(d->q, d->conn, keys, n, err, sizeof err) >= 0)

@@ -17,6 +17,9 @@
 #define HEARTBEAT_TIMEOUT_MS 3000
 #define REAP_MIN_S 1.0
 #define REAP_MAX_S 15.0
+/* The heads' repair (a scan of the pending rows, sql/011) runs with the first reap and then
+   this often. */
+#define REPAIR_HEADS_EVERY_S 300.0
 #define DEPTH_EVERY_S 10.0
 #define RECONNECT_MIN_S 0.1
 #define RECONNECT_MAX_S 5.0
@@ -34,6 +37,7 @@ struct lease {
   PGconn *conn;
   struct queue *q;
   double next_connect, backoff;
+  double next_full_repair;      /* monotonic: the next heads repair; 0: with the next reap */
 };
 
 static void *lease_main(void *arg);
@@ -118,7 +122,7 @@ struct lease_key *lease_registry_give_up(struct lease_registry *r, const struct 
     if (t == keep || atomic_exchange(&t->lost, 1))
       continue;   /* a lost one is not ours to give back */
     if (keys)
-      keys[(*n)++] = (struct lease_key){ .id = t->id, .attempt = t->attempt };
+      keys[(*n)++] = (struct lease_key){ .id = t->id, .token = t->token };
   }
   pthread_mutex_unlock(&r->mu);
   if (*n == 0) {
@@ -275,7 +279,7 @@ static void heartbeat(struct lease *l)
     if (keys && renewed)
       for (int i = 0; i < r->n; i++)
         if (!atomic_load(&r->held[i]->lost))
-          keys[n++] = (struct lease_key){ .id = r->held[i]->id, .attempt = r->held[i]->attempt };
+          keys[n++] = (struct lease_key){ .id = r->held[i]->id, .token = r->held[i]->token };
   }
   pthread_mutex_unlock(&r->mu);
 
@@ -283,11 +287,11 @@ static void heartbeat(struct lease *l)
     char err[DB_ERR_MAX];
     double sent = task_now();
     if (queue_heartbeat(l->q, l->conn, keys, n, renewed, err, sizeof err) == 0) {
-      /* Tasks came and went while the beat was out: match by (id, attempt). */
+      /* Tasks came and went while the beat was out: match by (id, token). */
       pthread_mutex_lock(&r->mu);
       for (int i = 0; i < r->n; i++) {
         struct task *t = r->held[i];
-        int j = queue_keys_find(keys, n, t->id, t->attempt);
+        int j = queue_keys_find(keys, n, t->id, t->token);
         if (j < 0)
           continue;
         if (renewed[j] == HEARTBEAT_RENEWED)
@@ -331,10 +335,28 @@ static void reap(struct lease *l)
      that reaped them (no other process saw them end). */
   atomic_fetch_add(&l->cfg.counters->dead[DEAD_QUARANTINED][CAUSE_CRASH], dead[0]);
   atomic_fetch_add(&l->cfg.counters->dead[DEAD_EXHAUSTED][CAUSE_CRASH], dead[1]);
-  if (n < 0)
+  if (n < 0) {
     drop_connection(l, err);
-  else if (n > 0) {
+    return;
+  }
+  if (n > 0) {
     log_info("reaped %d expired lease%s", n, n == 1 ? "" : "s");
+    l->cfg.on_work(l->cfg.arg);
+  }
+  /* Shards a hand-made change left without a head would never be claimed (sql/011). */
+  double now = task_now();
+  if (now < l->next_full_repair)
+    return;
+  l->next_full_repair = now + REPAIR_HEADS_EVERY_S;
+  int fixed = queue_repair_heads(l->q, l->conn, err, sizeof err);
+  if (fixed < 0) {
+    if (PQstatus(l->conn) != CONNECTION_OK)
+      drop_connection(l, err);
+    else
+      log_warn("repairing shard heads failed: %s", err);
+  } else if (fixed > 0) {
+    log_info("gave a head to %d shard%s left without one by changes made outside leash",
+             fixed, fixed == 1 ? "" : "s");
     l->cfg.on_work(l->cfg.arg);
   }
 }

@@ -13,6 +13,7 @@ static int applied_versions(PGconn *c, const char *history, int *max_version, ch
                             size_t errlen);
 static const char *comment_end(const char *p);
 static int value_is_inert(const char *v);
+static char *object_literal(const struct db_table *t, PGconn *c, const char *suffix);
 
 /* One lock for all of leash's migrations, whatever the table: DDL is rare and short. */
 static const char lock_sql[] = "SELECT pg_advisory_xact_lock(hashtextextended('leash.migrate', 0))";
@@ -99,6 +100,8 @@ char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char 
       val = owned = db_table_object(t, c, key + 4, 1);
     else if (strncmp(key, "name:", 5) == 0)
       val = owned = db_table_object(t, c, key + 5, 0);
+    else if (strncmp(key, "objlit:", 7) == 0)
+      val = owned = object_literal(t, c, key + 7);
     else {
       snprintf(err, errlen, "migration text has an unknown placeholder {{%s}}", key);
       goto fail;
@@ -123,6 +126,20 @@ oom:
 fail:
   free(b.s);
   return NULL;
+}
+
+/* {{objlit:X}}: the qualified name of <table>_X as a string literal (for ::regclass, e.g.
+   nextval's argument). malloc'd, NULL when out of memory. */
+static char *object_literal(const struct db_table *t, PGconn *c, const char *suffix)
+{
+  char *name = db_table_object(t, c, suffix, 1);
+  if (!name)
+    return NULL;
+  char *lit = PQescapeLiteral(c, name, strlen(name));
+  free(name);
+  char *out = lit ? strdup(lit) : NULL;
+  PQfreemem(lit);
+  return out;
 }
 
 int migrate_run(PGconn *c, const struct db_table *t, char *err, size_t errlen)

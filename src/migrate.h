@@ -12,7 +12,8 @@
 /* Returns the number of migrations applied (0 when up to date), or -1 with err. */
 int migrate_run(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
-/* Fills {{table}}, {{table_literal}}, {{obj:X}} and {{name:X}} in sql, outside comments
+/* Fills {{table}}, {{table_literal}}, {{obj:X}}, {{name:X}} and {{objlit:X}} (<table>_X as a
+   string literal) in sql, outside comments
    (placeholders in "--" and block comments are left as written). malloc'd result, NULL with
    err on an unknown placeholder, a value that could leave its token, or out of memory. */
 char *migrate_expand(PGconn *c, const struct db_table *t, const char *sql, char *err,

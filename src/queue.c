@@ -13,16 +13,21 @@
 struct queue {
   char *depth_sql;
   char *heartbeat_sql, *reap_sql, *reap_rows_sql, *release_sql, *open_sql, *cycle_sql;
-  char *cycle_rows_sql;
+  char *cycle_rows_sql, *repair_sql;
   char *owner;
+  /* This process's place in the tenants' ring (sql/011): the tenant of its last claim and
+     how many more that tenant may take before the next one's turn. */
+  char *ring;
+  int ring_left;
   char visibility[32];
   double visibility_s;
 };
 
 static char *format_sql(const char *fmt, const char *a);
 static char *format_sql2(const char *fmt, const char *a);
-static char *key_array(const struct lease_key *keys, int n, int attempts);
+static char *key_array(const struct lease_key *keys, int n, int tokens);
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
+static void ring_keep(struct queue *q, PGresult *r, int row);
 
 struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s)
@@ -32,7 +37,8 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   char *cycle = db_table_object(t, c, "cycle", 1);
   char *cycle_rows = db_table_object(t, c, "cycle_rows", 1);
   char *reap_rows = db_table_object(t, c, "reap_rows", 1);
-  if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows)
+  char *repair = db_table_object(t, c, "repair_heads", 1);
+  if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows || !repair)
     goto fail;
   /* How many were reaped, and of those how many went dead as quarantined or exhausted. */
 #define REAP_COUNTS "SELECT count(*), count(*) FILTER (WHERE status = " SQL_DEAD " AND cause = " \
@@ -50,12 +56,14 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   /* The same text calls the cycle and its row-by-row fallback (sql/010). */
   static const char cycle_fmt[] =
     "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
-    "       status, cause "
-    "FROM %s($1, $2::bigint[], $3::int[], $4::text[], $5::float8[], $6::text[], $7::jsonb[], "
-    "$8::text[], $9::boolean[], $10::int, $11::float8, $12::text[], $13)";
+    "       status, cause, token, ring, ring_left "
+    "FROM %s($1, $2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::text[], "
+    "$7::jsonb[], $8::text[], $9::boolean[], $10::float8[], $11::int, $12::float8, "
+    "$13::text[], $14, $15, $16::int)";
   q->cycle_sql = format_sql(cycle_fmt, cycle);
   q->cycle_rows_sql = format_sql(cycle_fmt, cycle_rows);
-  q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::int[])", release);
+  q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::bigint[])", release);
+  q->repair_sql = format_sql("SELECT %s()", repair);
   /* Only a lease that has not expired is renewed: once expired, another claimer may already
      hold the shard, and reviving it would make two leases of one shard. Rows locked right
      now (our own dispatcher settling them) are skipped, not waited for: a heartbeat that
@@ -65,8 +73,8 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "  SELECT q.id FROM %s q WHERE q.id = ANY ($1::bigint[]) FOR UPDATE SKIP LOCKED"
     "), renewed AS ("
     "  UPDATE %s q SET locked_until = now() + make_interval(secs => $4::float8) "
-    "    FROM unnest($1::bigint[], $2::int[]) AS u(id, attempt), mine m "
-    "   WHERE q.id = u.id AND m.id = q.id AND q.attempts = u.attempt AND q.lease_owner = $3 "
+    "    FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token), mine m "
+    "   WHERE q.id = u.id AND m.id = q.id AND q.lease_token = u.token AND q.lease_owner = $3 "
     "     AND q.status = " SQL_LEASED " AND q.locked_until > now() "
     "  RETURNING q.id"
     ") SELECT m.id, r.id IS NOT NULL FROM mine m LEFT JOIN renewed r ON r.id = m.id",
@@ -79,8 +87,10 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
   if (!q->reap_sql || !q->release_sql || !q->heartbeat_sql || !q->open_sql || !q->owner ||
-      !q->cycle_sql || !q->depth_sql || !q->cycle_rows_sql || !q->reap_rows_sql)
+      !q->cycle_sql || !q->depth_sql || !q->cycle_rows_sql || !q->reap_rows_sql ||
+      !q->repair_sql)
     goto fail;
+  free(repair);
   free(cycle);
   free(cycle_rows);
   free(reap);
@@ -88,6 +98,7 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   free(release);
   return q;
 fail:
+  free(repair);
   free(cycle);
   free(cycle_rows);
   free(reap);
@@ -109,14 +120,17 @@ void queue_free(struct queue *q)
   free(q->open_sql);
   free(q->cycle_sql);
   free(q->depth_sql);
+  free(q->repair_sql);
   free(q->owner);
+  free(q->ring);
   free(q);
 }
 
-#define SETTLE_ARRAYS 8
+#define SETTLE_ARRAYS 9
 
-/* The array parameters of a settle ({ids}, {attempts}, {kinds}, {delays}, {errors},
-   {results}, {causes}, {crashed}) for the first n tasks of list. 0, or -1 when out of
+/* The array parameters of a settle ({ids}, {tokens}, {kinds}, {delays}, {errors},
+   {results}, {causes}, {crashed}, {run_s}: seconds from the claim to the run's start) for
+   the first n tasks of list. 0, or -1 when out of
    memory (arrays freed). */
 static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
 {
@@ -127,7 +141,7 @@ static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
   for (struct task *t = list; t && i < n; t = t->next, i++) {
     const char *sep = i ? "," : "";
     buf_printf(&a[0], "%s%lld", sep, (long long)t->id);
-    buf_printf(&a[1], "%s%d", sep, t->attempt);
+    buf_printf(&a[1], "%s%lld", sep, (long long)t->token);
     buf_printf(&a[2], "%s%s", sep, lifecycle_kind_sql(t->out.kind));
     if (t->out.kind == OUTCOME_RETRY && t->out.delay >= 0)
       buf_printf(&a[3], "%s%.3f", sep, t->out.delay);
@@ -146,6 +160,10 @@ static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
     /* Cause names are lower-case words: no quoting needed. */
     buf_printf(&a[6], "%s%s", sep, lifecycle_cause_name(t->out.cause));
     buf_printf(&a[7], "%s%s", sep, lifecycle_cause_is_crash(t->out.cause) ? "t" : "f");
+    if (t->run_start > 0)
+      buf_printf(&a[8], "%s%.6f", sep, t->run_start - t->claimed_at);
+    else
+      buf_printf(&a[8], "%sNULL", sep);
   }
   int oom = 0;
   for (int k = 0; k < SETTLE_ARRAYS; k++) {
@@ -161,8 +179,9 @@ static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
 }
 
 /* Sets applied[i] (SETTLED_*) for each task of list from the cycle's settled rows (id in
-   column 1, attempt in 2, the status written in 9, the cause in 10); tasks no row names stay
-   SETTLED_LATE.
+   column 1, the status written in 9, the cause in 10; 'leased' means "write it again"); tasks
+   no row names stay SETTLED_LATE. A process holds one lease of a task at a time when it
+   settles (a lost one is dropped before), so the id alone finds the outcome.
    Returns 0, or -1 when out of memory. */
 static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
 {
@@ -171,20 +190,20 @@ static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
     return -1;
   int i = 0;
   for (struct task *t = list; t && i < n; t = t->next, i++)
-    keys[i] = (struct lease_key){ .id = t->id, .attempt = t->attempt, .pos = i };
+    keys[i] = (struct lease_key){ .id = t->id, .token = t->token, .pos = i };
   queue_keys_sort(keys, n);
   memset(applied, SETTLED_LATE, (size_t)n);
   for (int row = 0; row < PQntuples(r); row++) {
     if (PQgetisnull(r, row, 0) || strcmp(PQgetvalue(r, row, 0), "t") != 0)
       continue;
-    int k = queue_keys_find(keys, n, strtoll(PQgetvalue(r, row, 1), NULL, 10),
-                            atoi(PQgetvalue(r, row, 2)));
+    int k = queue_keys_find(keys, n, strtoll(PQgetvalue(r, row, 1), NULL, 10), -1);
     if (k < 0)
       continue;
     const char *status = PQgetvalue(r, row, 9);
     const char *cause = PQgetvalue(r, row, 10);
     applied[keys[k].pos] =
-      strcmp(status, STATUS_DONE) == 0                              ? SETTLED_DONE
+      strcmp(status, STATUS_LEASED) == 0                            ? SETTLED_AGAIN
+      : strcmp(status, STATUS_DONE) == 0                            ? SETTLED_DONE
       : strcmp(status, STATUS_PENDING) == 0                         ? SETTLED_PENDING
       : strcmp(cause, lifecycle_cause_name(CAUSE_QUARANTINED)) == 0 ? SETTLED_QUARANTINED
       : strcmp(cause, lifecycle_cause_name(CAUSE_BAD_ROW)) == 0     ? SETTLED_BAD_ROW
@@ -199,24 +218,28 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
                 char *err, size_t errlen)
 {
   struct buf a[SETTLE_ARRAYS];
-  char nbuf[16];
+  char nbuf[16], left[16];
   *out = NULL;
   if (settle_arrays(list, n, a) != 0) {
     snprintf(err, errlen, "out of memory building a settle");
     return -1;
   }
   snprintf(nbuf, sizeof nbuf, "%d", want);
+  snprintf(left, sizeof left, "%d", q->ring_left);
   const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s, a[6].s,
-                           a[7].s, nbuf, q->visibility, s->tenants, s->batch };
+                           a[7].s, a[8].s, nbuf, q->visibility, s->tenants, s->batch, q->ring,
+                           left };
+  enum { NPARAMS = sizeof params / sizeof params[0] };
   double now = task_now();
-  PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, 13, params, err, errlen);
+  PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, NPARAMS, params, err, errlen);
   if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
     /* One row's data made the whole statement fail (sql/010: a shard key the index cannot
        hold, attempts at INT_MAX, a user trigger raising). The same cycle
        row by row in subtransactions sets that row aside and writes and claims the rest; the
        fast path keeps no subtransaction for it. */
     log_warn("cycle failed on a row (%s); retrying it row by row", err);
-    r = db_exec_prepared(c, "leash_cycle_rows", q->cycle_rows_sql, 13, params, err, errlen);
+    r = db_exec_prepared(c, "leash_cycle_rows", q->cycle_rows_sql, NPARAMS, params, err,
+                         errlen);
   }
   for (int k = 0; k < SETTLE_ARRAYS; k++)
     buf_free(&a[k]);
@@ -231,9 +254,10 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   struct task **tail = out;
   *next_due = -1;
   for (int row = 0; row < PQntuples(r); row++) {
-    if (PQgetisnull(r, row, 0)) {   /* the short-claim row: when the next row is due */
+    if (PQgetisnull(r, row, 0)) {   /* the claim's last row: next due time, ring place */
       if (!PQgetisnull(r, row, 8))
         *next_due = atof(PQgetvalue(r, row, 8));
+      ring_keep(q, r, row);
       continue;
     }
     if (strcmp(PQgetvalue(r, row, 0), "t") == 0)
@@ -252,17 +276,35 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   return claimed;
 }
 
+/* The ring place from the claim's last row (columns 12 and 13). Out of memory keeps the old
+   place: fairness then restarts from there, nothing else depends on it. */
+static void ring_keep(struct queue *q, PGresult *r, int row)
+{
+  if (PQgetisnull(r, row, 12)) {
+    free(q->ring);
+    q->ring = NULL;
+    q->ring_left = 0;
+    return;
+  }
+  char *ring = strdup(PQgetvalue(r, row, 12));
+  if (!ring)
+    return;
+  free(q->ring);
+  q->ring = ring;
+  q->ring_left = PQgetisnull(r, row, 13) ? 0 : atoi(PQgetvalue(r, row, 13));
+}
+
 int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, char *renewed,
                     char *err, size_t errlen)
 {
   queue_keys_sort(keys, n);
-  char *id_list = key_array(keys, n, 0), *att_list = key_array(keys, n, 1);
+  char *id_list = key_array(keys, n, 0), *tok_list = key_array(keys, n, 1);
   int rc = -1;
-  if (!id_list || !att_list) {
+  if (!id_list || !tok_list) {
     snprintf(err, errlen, "out of memory building a heartbeat");
     goto out;
   }
-  const char *params[] = { id_list, att_list, q->owner, q->visibility };
+  const char *params[] = { id_list, tok_list, q->owner, q->visibility };
   PGresult *r = db_exec(c, q->heartbeat_sql, 4, params, err, errlen);
   memset(renewed, HEARTBEAT_UNKNOWN, (size_t)n);
   if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
@@ -271,10 +313,10 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
        unknown, so its local deadline decides. */
     log_warn("heartbeat failed on a row (%s); renewing one by one", err);
     for (int k = 0; k < n; k++) {
-      char id1[32], att1[32];
+      char id1[32], tok1[32];
       snprintf(id1, sizeof id1, "{%lld}", (long long)keys[k].id);
-      snprintf(att1, sizeof att1, "{%d}", keys[k].attempt);
-      const char *one[] = { id1, att1, q->owner, q->visibility };
+      snprintf(tok1, sizeof tok1, "{%lld}", (long long)keys[k].token);
+      const char *one[] = { id1, tok1, q->owner, q->visibility };
       PGresult *r1 = db_exec(c, q->heartbeat_sql, 4, one, err, errlen);
       if (!r1) {
         if (PQstatus(c) != CONNECTION_OK || !queue_row_error(db_last_sqlstate()))
@@ -302,7 +344,7 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
   rc = 0;
 out:
   free(id_list);
-  free(att_list);
+  free(tok_list);
   return rc;
 }
 
@@ -311,7 +353,7 @@ static int key_cmp(const void *a, const void *b)
   const struct lease_key *x = a, *y = b;
   if (x->id != y->id)
     return x->id < y->id ? -1 : 1;
-  return (x->attempt > y->attempt) - (x->attempt < y->attempt);
+  return (x->token > y->token) - (x->token < y->token);
 }
 
 void queue_keys_sort(struct lease_key *keys, int n)
@@ -320,17 +362,17 @@ void queue_keys_sort(struct lease_key *keys, int n)
     qsort(keys, (size_t)n, sizeof *keys, key_cmp);
 }
 
-int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int attempt)
+int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int64_t token)
 {
-  int lo = 0, hi = n;   /* the first key >= (id, attempt); a negative attempt sorts first */
+  int lo = 0, hi = n;   /* the first key >= (id, token); a negative token sorts first */
   while (lo < hi) {
     int mid = lo + (hi - lo) / 2;
-    if (keys[mid].id < id || (keys[mid].id == id && keys[mid].attempt < attempt))
+    if (keys[mid].id < id || (keys[mid].id == id && keys[mid].token < token))
       lo = mid + 1;
     else
       hi = mid;
   }
-  if (lo < n && keys[lo].id == id && (attempt < 0 || keys[lo].attempt == attempt))
+  if (lo < n && keys[lo].id == id && (token < 0 || keys[lo].token == token))
     return lo;
   return -1;
 }
@@ -360,16 +402,26 @@ int queue_reap(struct queue *q, PGconn *c, long long dead[2], char *err, size_t 
   return n;
 }
 
+int queue_repair_heads(struct queue *q, PGconn *c, char *err, size_t errlen)
+{
+  PGresult *r = db_exec(c, q->repair_sql, 0, NULL, err, errlen);
+  if (!r)
+    return -1;
+  int n = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return n;
+}
+
 int queue_release(struct queue *q, PGconn *c, const struct lease_key *keys, int n, char *err,
                   size_t errlen)
 {
-  char *id_list = key_array(keys, n, 0), *att_list = key_array(keys, n, 1);
+  char *id_list = key_array(keys, n, 0), *tok_list = key_array(keys, n, 1);
   int rc = -1;
-  if (!id_list || !att_list) {
+  if (!id_list || !tok_list) {
     snprintf(err, errlen, "out of memory building a release");
     goto out;
   }
-  const char *params[] = { q->owner, id_list, att_list };
+  const char *params[] = { q->owner, id_list, tok_list };
   PGresult *r = db_exec(c, q->release_sql, 3, params, err, errlen);
   if (r) {
     rc = atoi(PQgetvalue(r, 0, 0));
@@ -377,7 +429,7 @@ int queue_release(struct queue *q, PGconn *c, const struct lease_key *keys, int 
   }
 out:
   free(id_list);
-  free(att_list);
+  free(tok_list);
   return rc;
 }
 
@@ -443,10 +495,11 @@ char *queue_insert_sql(const char *table, const char *source)
      table's column defaults say the same for inserts that bypass leash). */
   static const char fmt[] =
     "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
-    "                max_crashes) "
+    "                max_crashes, priority) "
     "SELECT s.id, coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "'), "
     "       coalesce(s.shard_key, 'task:' || s.id), s.payload, coalesce(s.run_after, now()), "
-    "       coalesce(s.max_attempts, %d), s.batch, coalesce(s.max_crashes, %d) "
+    "       coalesce(s.max_attempts, %d), s.batch, coalesce(s.max_crashes, %d), "
+    "       coalesce(s.priority, 0) "
     "  FROM (%s) s "
     "RETURNING id";
   size_t n = sizeof fmt + strlen(table) + strlen(source) + 32;
@@ -543,7 +596,7 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
   if (!steps)
     return -1;
   s->step_get = format_sql("SELECT result::text FROM %s WHERE task_id = $1 AND name = $2", steps);
-  /* Fenced: only the lease holder of this attempt can store a step. The row is locked (FOR
+  /* Fenced: only the holder of this lease (its token) can store a step. The row is locked (FOR
      SHARE) so the check cannot be read from a snapshot older than a takeover in flight: the
      write waits for that commit, then sees the new owner. A lease past its end (not yet
      reaped) stores nothing either. The same holds for enqueue below. */
@@ -552,21 +605,21 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
   if (s->step_put)
     snprintf(s->step_put, n,
              "INSERT INTO %s (task_id, name, result, attempt) "
-             "SELECT $1, $2, $3::jsonb, $4 FROM %s q "
-             " WHERE q.id = $1 AND q.attempts = $4 AND q.lease_owner = $5 "
+             "SELECT $1, $2, $3::jsonb, q.attempts FROM %s q "
+             " WHERE q.id = $1 AND q.lease_token = $4::bigint AND q.lease_owner = $5 "
              "   AND q.status = " SQL_LEASED " AND q.locked_until > now() "
              "   FOR SHARE OF q "
              "ON CONFLICT (task_id, name) DO NOTHING RETURNING 1", steps, t->qualified);
   /* A child task: the parent's tenant and batch unless given; a shard of its own unless
-     given. Written only while the parent's lease holds ($9 id, $10 owner, $11 attempt). */
+     given. Written only while the parent's lease holds ($9 id, $10 owner, $11 token). */
   static const char child_fmt[] =
     "SELECT nextval(pg_get_serial_sequence($8, 'id')) AS id, "
     "       coalesce($1, p.tenant_id) AS tenant_id, $2::text AS shard_key, "
     "       $3::jsonb AS payload, now() + make_interval(secs => $4::float8) AS run_after, "
     "       $5::int AS max_attempts, CASE WHEN $6::boolean THEN $7 ELSE p.batch END AS batch, "
-    "       NULL::int AS max_crashes "
+    "       NULL::int AS max_crashes, NULL::int AS priority "
     "  FROM %s p "
-    " WHERE p.id = $9 AND p.lease_owner = $10 AND p.attempts = $11 "
+    " WHERE p.id = $9 AND p.lease_owner = $10 AND p.lease_token = $11::bigint "
     "   AND p.status = " SQL_LEASED " AND p.locked_until > now() "
     "   FOR SHARE OF p";
   char *child = format_sql(child_fmt, t->qualified);
@@ -589,7 +642,7 @@ void queue_script_sql_free(struct queue_script_sql *s)
 }
 
 /* Claimed rows, columns from `first`: id, attempts, max_attempts, tenant_id, shard_key,
-   batch, payload. */
+   batch, payload (the token is read by the caller). */
 static struct task *task_from_columns(PGresult *r, int i, int first, double now,
                                       double visibility)
 {
@@ -617,8 +670,10 @@ static struct task *task_from_columns(PGresult *r, int i, int first, double now,
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility)
 {
   struct task *t = task_from_columns(r, i, 1, now, visibility);
-  if (t)
+  if (t) {
     t->waited = atof(PQgetvalue(r, i, 8));
+    t->token = strtoll(PQgetvalue(r, i, 11), NULL, 10);
+  }
   return t;
 }
 
@@ -641,14 +696,14 @@ static char *format_sql(const char *fmt, const char *a)
   return s;
 }
 
-/* {id,...} (attempts = 0) or {attempt,...} (1) of keys, as an array literal. */
-static char *key_array(const struct lease_key *keys, int n, int attempts)
+/* {id,...} (tokens = 0) or {token,...} (1) of keys, as an array literal. */
+static char *key_array(const struct lease_key *keys, int n, int tokens)
 {
   struct buf b = { 0 };
   buf_add(&b, "{", 1);
   for (int i = 0; i < n; i++)
     buf_printf(&b, "%s%lld", i ? "," : "",
-               attempts ? (long long)keys[i].attempt : (long long)keys[i].id);
+               tokens ? (long long)keys[i].token : (long long)keys[i].id);
   buf_add(&b, "}", 1);
   return buf_take(&b);
 }

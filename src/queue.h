@@ -34,31 +34,34 @@ enum {
   SETTLED_DEAD,          /* fatal, or a retry with no attempt left */
   SETTLED_QUARANTINED,   /* a crash cause reached max_crashes */
   SETTLED_BAD_ROW,       /* the row could not be settled and was set aside (010's fallback) */
+  SETTLED_AGAIN,         /* not written: its shard's head row was locked (a producer's open
+                            transaction); the lease holds, write it again shortly (011) */
 };
 
 /* One round trip: writes the outcomes of the first n tasks of list (applied[i], in list
    order, one of SETTLED_*) and leases up to `want` rows of the scope (new tasks in *out;
-   want may be 0), in one transaction. Returns the number claimed, or -1 (nothing was written
+   want may be 0), in one transaction. Claims divide between tenants by weight: q keeps this
+   process's place in the tenants' ring from one claim to the next (sql/011). Returns the number claimed, or -1 (nothing was written
    or claimed). When the claim came back short, *next_due is the number of seconds until the
    next pending row of the scope becomes runnable (-1: none, or the claim was full). */
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
                 const struct queue_scope *s, int want, struct task **out, double *next_due,
                 char *err, size_t errlen);
 
-/* A lease by its fence: the task's id and the attempt it was claimed as. `pos` is free for
-   the caller (an index into its own arrays). */
+/* A lease by its fence: the task's id and the claim's token. `pos` is free for the caller
+   (an index into its own arrays). */
 struct lease_key {
   int64_t id;
-  int attempt;
+  int64_t token;
   int pos;
 };
 
-/* Sorts keys by (id, attempt), so that lookups cost log n (a process may hold thousands). */
+/* Sorts keys by (id, token), so that lookups cost log n (a process may hold thousands). */
 void queue_keys_sort(struct lease_key *keys, int n);
 
-/* The index in sorted keys of (id, attempt), or of the first key with that id when attempt
-   is negative; -1 when absent. */
-int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int attempt);
+/* The index in sorted keys of (id, token), or of the first key with that id when token is
+   negative; -1 when absent. */
+int queue_keys_find(const struct lease_key *keys, int n, int64_t id, int64_t token);
 
 enum { HEARTBEAT_LOST = 0, HEARTBEAT_RENEWED = 1, HEARTBEAT_UNKNOWN = 2 };
 
@@ -73,6 +76,11 @@ int queue_heartbeat(struct queue *q, PGconn *c, struct lease_key *keys, int n, c
    the reaper (sql/010) survive by setting that row aside; 0 for everything else (connection,
    cancel, serialization, resources, permissions), which must propagate. */
 int queue_row_error(const char *sqlstate);
+
+/* Gives a head to shards that have pending rows but neither a head nor a lease (sql/011
+   <table>_repair_heads: a restore with triggers off, a hand-made change racing a producer).
+   A scan of the pending rows. Returns the shards repaired, or -1. */
+int queue_repair_heads(struct queue *q, PGconn *c, char *err, size_t errlen);
 
 /* Expired leases back to pending (or dead): each counts as a crash of the task, and the crash
    that reaches its max_crashes quarantines it (dead). Returns how many, or -1; dead[0] is how
@@ -89,13 +97,13 @@ int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, ch
                      size_t errlen);
 
 /* Statements the scripts' host API runs on pooled connections, fenced by the task's
-   (id, owner, attempt). Built once per process; read-only afterwards. */
+   (id, owner, token). Built once per process; read-only afterwards. */
 struct queue_script_sql {
   char *step_get;    /* $1 task id, $2 name → result::text (one row when stored) */
-  char *step_put;    /* $1 id, $2 name, $3 result, $4 attempt, $5 owner → a row if written */
+  char *step_put;    /* $1 id, $2 name, $3 result, $4 token, $5 owner → a row if written */
   char *enqueue;     /* a child task: $1 tenant, $2 shard, $3 payload, $4 delay (s), $5 max
                         attempts, $6 batch given, $7 batch, $8 the table; the parent's
-                        lease: $9 id, $10 owner, $11 attempt → its id if written */
+                        lease: $9 id, $10 owner, $11 token → its id if written */
 };
 
 /* Fills s for table t; 0, or -1 when out of memory (s is then freed). */
@@ -114,7 +122,8 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
 /* The one task INSERT: rows of `source`, a SELECT with the columns id (drawn from the
    table's sequence, so that a default shard can name it), tenant_id, shard_key, payload
-   (jsonb), run_after, max_attempts, batch, max_crashes; a NULL gets lifecycle.h's default
+   (jsonb), run_after, max_attempts, batch, max_crashes, priority; a NULL gets lifecycle.h's
+   default
    (batch stays NULL). Returns the ids inserted. malloc'd, NULL when out of memory. */
 char *queue_insert_sql(const char *table, const char *source);
 

@@ -1,7 +1,7 @@
 /*
  * task: one leased row while this process holds it, from claim to settle. The dispatcher
  * creates it from a claimed row and frees it after settling; a slot owns it while the script
- * runs; the lease thread reads id/attempt and may set `lost` at any time (atomic).
+ * runs; the lease thread reads id/token and may set `lost` at any time (atomic).
  */
 #ifndef LEASH_TASK_H
 #define LEASH_TASK_H
@@ -13,13 +13,15 @@
 
 struct task {
   int64_t id;
-  int attempt;            /* attempts after our claim: the fencing token with the owner */
+  int attempt;            /* attempts after our claim (what the script sees) */
+  int64_t token;          /* the claim's lease token: every write of this lease is fenced by it */
   int max_attempts;
   char *tenant_id;
   char *shard_key;
   char *batch;            /* NULL when the row has none */
   char *payload;          /* JSON text */
   double claimed_at;      /* monotonic seconds */
+  double run_start;       /* monotonic seconds when handle started; 0 until it does */
   double waited;          /* seconds from runnable to claim (pickup latency), server clock */
   /* Monotonic: past it, with no renewal, the lease counts as lost. Moved by the lease
      thread, read by the slot before every side effect: atomic. */

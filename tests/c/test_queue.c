@@ -48,29 +48,29 @@ static void buffers_grow_and_stay_terminated(void)
   CHECK(b.s == NULL && b.len == 0);
 }
 
-static void keys_are_found_by_id_and_attempt(void)
+static void keys_are_found_by_id_and_token(void)
 {
   enum { N = 1000 };
   struct lease_key *k = malloc(N * sizeof *k);
   CHECK(k != NULL);
-  /* Ids in a scrambled order, each twice (attempts 1 and 2) but 7 only once. */
+  /* Ids in a scrambled order, each twice (tokens 1 and 2) but 7 only once. */
   int n = 0;
   for (int i = 0; i < N / 2; i++) {
     int64_t id = (int64_t)((i * 7919) % (N / 2)) + 1;
-    k[n++] = (struct lease_key){ .id = id, .attempt = 2 };
+    k[n++] = (struct lease_key){ .id = id, .token = 2 };
     if (id != 7)
-      k[n++] = (struct lease_key){ .id = id, .attempt = 1 };
+      k[n++] = (struct lease_key){ .id = id, .token = 1 };
   }
   queue_keys_sort(k, n);
   for (int i = 1; i < n; i++)
-    CHECK(k[i - 1].id < k[i].id || (k[i - 1].id == k[i].id && k[i - 1].attempt < k[i].attempt));
+    CHECK(k[i - 1].id < k[i].id || (k[i - 1].id == k[i].id && k[i - 1].token < k[i].token));
   int j = queue_keys_find(k, n, 42, 2);
   CHECK(j >= 0);
   CHECK_INT_EQ(k[j].id, 42);
-  CHECK_INT_EQ(k[j].attempt, 2);
+  CHECK_INT_EQ(k[j].token, 2);
   j = queue_keys_find(k, n, 42, -1);   /* by id: the first of its keys */
   CHECK(j >= 0);
-  CHECK_INT_EQ(k[j].attempt, 1);
+  CHECK_INT_EQ(k[j].token, 1);
   CHECK_INT_EQ(queue_keys_find(k, n, 7, 1), -1);
   CHECK(queue_keys_find(k, n, 7, 2) >= 0);
   CHECK_INT_EQ(queue_keys_find(k, n, 0, -1), -1);
@@ -81,7 +81,7 @@ static void keys_are_found_by_id_and_attempt(void)
 
 static void empty_and_single_key_sets(void)
 {
-  struct lease_key one = { .id = 5, .attempt = 1 };
+  struct lease_key one = { .id = 5, .token = 1 };
   CHECK_INT_EQ(queue_keys_find(NULL, 0, 5, 1), -1);
   queue_keys_sort(&one, 1);
   CHECK_INT_EQ(queue_keys_find(&one, 1, 5, 1), 0);
@@ -108,7 +108,7 @@ static void only_a_rows_errors_call_the_fallback(void)
 
 static const struct check_case cases[] = {
   { "only_a_rows_errors_call_the_fallback", only_a_rows_errors_call_the_fallback },
-  { "keys_are_found_by_id_and_attempt", keys_are_found_by_id_and_attempt },
+  { "keys_are_found_by_id_and_token", keys_are_found_by_id_and_token },
   { "text_arrays_quote_every_element", text_arrays_quote_every_element },
   { "buffers_grow_and_stay_terminated", buffers_grow_and_stay_terminated },
   { "empty_and_single_key_sets", empty_and_single_key_sets },
