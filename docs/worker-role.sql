@@ -7,6 +7,9 @@ GRANT SELECT, INSERT, UPDATE ON agent_work_queue TO leash_worker;        -- enqu
 GRANT USAGE ON SEQUENCE agent_work_queue_id_seq TO leash_worker;         -- ids for enqueue
 GRANT SELECT, INSERT, DELETE ON agent_work_queue_steps TO leash_worker;  -- leash.step; settle drops
 GRANT SELECT ON agent_work_queue_migrations TO leash_worker;             -- schema version check
--- Functions (<table>_cycle, _cycle_rows, _reap, _reap_rows, _release, _row_error) are SECURITY INVOKER and
+GRANT SELECT ON agent_work_queue_tenants TO leash_worker;                -- the claim's weights
+GRANT USAGE ON SEQUENCE agent_work_queue_lease_token_seq TO leash_worker; -- a token per claim
+-- Functions (<table>_cycle, _cycle_rows, _claim, _settle, _reap, _reap_rows, _release,
+-- _repair_heads, _lane_handover, _lane_key, _row_error and the heads triggers) are SECURITY INVOKER and
 -- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
 -- Whatever the scripts' own leash.db.query statements touch is granted separately.

@@ -323,7 +323,7 @@ DECLARE
   cur text := p_ring;
   lft int := coalesce(p_ring_left, 0);
   w int := 1;
-  quantum int := greatest(1, p_n);
+  quantum constant int := 16;
   nxt text;
   wrapped boolean;
   lvl int;
@@ -358,11 +358,11 @@ BEGIN
        FOR UPDATE SKIP LOCKED) c
      WHERE pg_try_advisory_xact_lock(hashtextextended(c.tenant_id || chr(31) || c.shard_key, rel));
   ELSE
-    -- The ring: tenants with heads in tenant_id order from the process's place, up to
-    -- weight x quantum heads each, the quantum being this claim's size: one tenant's turn can
-    -- fill a claim (one fetch when one tenant has work), and what it did not use of its turn
+    -- The ring: tenants with heads in tenant_id order from the process's place, a turn of up
+    -- to weight x 16 heads each (deficit round robin). What a tenant did not use of its turn
     -- carries to the process's next claim, so shares hold over successive claims whatever
-    -- their sizes. A tenant with fewer heads than its turn passes the rest on.
+    -- their sizes; a tenant with fewer heads than its turn passes the rest on. Back at the
+    -- same tenant after a wrap, it is the only one with heads: it takes the rest at once.
     WHILE need > 0 AND visits < p_n + 16 LOOP
       IF cur IS NULL OR lft <= 0 THEN
         -- The next tenant with heads after cur, wrapping to the first: one statement, each
@@ -398,6 +398,10 @@ BEGIN
           EXIT WHEN wraps > 2;
           fresh := true;
           pass_took := 0;
+        END IF;
+        IF wrapped AND nxt = cur THEN
+          lft := need;                           -- the only tenant with heads
+          CONTINUE;
         END IF;
         cur := nxt;
         visits := visits + 1;
@@ -604,7 +608,7 @@ BEGIN
 END $$;
 
 -- The reaper's fallback (010): one expired lease at a time; one that cannot be reaped is
--- set aside (dead, bad_row) through a settle, which hands its shard over.
+-- set aside (dead, bad_row) and its shard handed over.
 CREATE FUNCTION {{obj:reap_rows}}()
 RETURNS TABLE (id bigint, status text, tenant_id text, lease_owner text, cause text)
 LANGUAGE plpgsql
@@ -616,17 +620,14 @@ DECLARE
   st text;
   msg text;
   cand bigint;
-  c_tok bigint;
-  c_owner text;
 BEGIN
   IF NOT pg_try_advisory_xact_lock(hashtextextended('leash.reap',
                                                     {{table_literal}}::regclass::oid::bigint)) THEN
     RETURN;
   END IF;
-  FOR cand, c_tok, c_owner IN SELECT e.id, e.lease_token, e.lease_owner FROM {{table}} e
-                               WHERE e.status = 'leased'
-                                 AND (e.locked_until IS NULL OR e.locked_until < now())
-                               ORDER BY e.id LIMIT 1000 LOOP
+  FOR cand IN SELECT e.id FROM {{table}} e
+               WHERE e.status = 'leased' AND (e.locked_until IS NULL OR e.locked_until < now())
+               ORDER BY e.id LIMIT 1000 LOOP
     BEGIN
       RETURN QUERY SELECT * FROM {{obj:reap}}(cand);
     EXCEPTION WHEN OTHERS THEN
@@ -636,10 +637,14 @@ BEGIN
       END IF;
       BEGIN
         RETURN QUERY
-        SELECT s.id, s.status, NULL::text, c_owner, s.cause
-          FROM {{obj:settle}}(c_owner, ARRAY[cand], ARRAY[c_tok], '{dead}', '{NULL}',
-                              ARRAY['bad row: its expired lease could not be reaped: ' || msg],
-                              '{NULL}', '{bad_row}', '{f}', '{NULL}') s;
+        UPDATE {{table}} q
+           SET status = 'dead', last_cause = 'bad_row', locked_until = NULL, is_head = false,
+               last_error = 'bad row: its expired lease could not be reaped: ' || msg,
+               finished_at = now(), updated_at = now()
+         WHERE q.id = cand AND q.status = 'leased'
+        RETURNING q.id, q.status, q.tenant_id, q.lease_owner, q.last_cause;
+        PERFORM {{obj:lane_handover}}(array_agg(t.tenant_id), array_agg(t.shard_key))
+           FROM {{table}} t WHERE t.id = cand;
       EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE;
         IF NOT {{obj:row_error}}(st) THEN
@@ -712,9 +717,9 @@ END $$;
 --   Settle: all at once; should that fail, one by one; an outcome that still fails sets its
 --   row aside (dead, bad_row, the database's message), its head released like any settle.
 --   Claim: all at once; should that fail, candidates one at a time (p_only), each leased
---   alone; a row whose lease fails is set aside (and named in a WARNING) and its head handed
---   on. A unique violation is another lease of the shard (one_lease_per_shard, the safety
---   net under heads, against a hand-made 'leased' row): skipped, not set aside.
+--   alone with 007's gate; a row whose lease fails is set aside (and named in a WARNING) and
+--   its shard handed over. A unique violation is another claimer's lease of the shard, not
+--   the row's fault: skipped, not set aside.
 CREATE FUNCTION {{obj:cycle_rows}}(p_owner text, p_ids bigint[], p_tokens bigint[],
                                    p_kinds text[], p_delays float8[], p_errors text[],
                                    p_results jsonb[], p_causes text[], p_crashed boolean[],
@@ -799,11 +804,11 @@ BEGIN
   END;
 
   IF p_batch IS NULL THEN
-    SELECT array_agg(k.head_id) INTO cands FROM (
-      SELECT h.head_id FROM {{obj:heads}} h
-       WHERE h.holder IS NULL AND h.head_id IS NOT NULL AND h.due
+    SELECT array_agg(k.id) INTO cands FROM (
+      SELECT h.id FROM {{table}} h
+       WHERE h.is_head AND h.run_after <= now()
          AND (p_tenants IS NULL OR h.tenant_id = ANY (p_tenants))
-       ORDER BY h.tenant_id, h.head_priority DESC, h.head_run_after, h.head_id
+       ORDER BY h.tenant_id, h.priority DESC, h.run_after, h.id
        LIMIT p_n * 4) k;
   ELSE
     SELECT array_agg(k.id) INTO cands FROM (
@@ -832,18 +837,13 @@ BEGIN
       IF st <> '23505' THEN
         BEGIN
           UPDATE {{table}} q
-             SET status = 'dead', last_cause = 'bad_row', locked_until = NULL,
+             SET status = 'dead', last_cause = 'bad_row', locked_until = NULL, is_head = false,
                  last_error = 'bad row: it cannot be leased: ' || msg,
                  finished_at = now(), updated_at = now()
            WHERE q.id = cand AND q.status = 'pending'
           RETURNING q.tenant_id, q.shard_key INTO c_tenant, c_shard;
           IF FOUND THEN
-            PERFORM 1 FROM {{obj:heads}} h
-             WHERE h.tenant_id = c_tenant AND h.shard_key = c_shard AND h.holder IS NULL
-               FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-              PERFORM {{obj:lane_handover}}(ARRAY[c_tenant], ARRAY[c_shard]);
-            END IF;
+            PERFORM {{obj:lane_handover}}(ARRAY[c_tenant], ARRAY[c_shard]);
           END IF;
           RAISE WARNING 'task % set aside (dead, bad_row): it cannot be leased: %', cand, msg;
         EXCEPTION WHEN OTHERS THEN

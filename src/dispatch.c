@@ -27,7 +27,9 @@
    producers commit within milliseconds, and a settle never waits for one (sql/011). */
 #define SETTLE_AGAIN_S 0.02
 /* The ready buffer's bound, in tasks per slot (see ready_target). */
-#define READY_PER_SLOT 8
+#define READY_PER_SLOT 4
+/* How many recent run times size the ready buffer. */
+#define RECENT_RUNS 32
 
 /* The loop's clocks, from one turn to the next. */
 struct pacing {
@@ -69,10 +71,13 @@ struct dispatcher {
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt;                   /* moving average (s) of the cycle's round trip */
-  /* Moving average of log(run time): the geometric mean, which a mix of 2 ms and 150 ms
-     tasks does not drag towards the short ones the way a mean of rates would; 0 = none yet. */
-  double avg_log_duration;
-  int have_duration;
+  /* The run times of the last RECENT_RUNS tasks (a ring) and their upper quartile, the
+     ready buffer's measure of a typical task: one that mixes 2 ms and 150 ms tasks is sized
+     by the 150 ms ones, so it does not claim ahead for the short ones while the long ones
+     hold the slots. */
+  double recent[RECENT_RUNS];
+  int nrecent, recent_next;
+  double typical_duration;          /* 0 until a task has run */
   double next_due;                  /* from the last short claim: s until a row is due, or -1 */
   /* Outcomes the database asked to write again (SETTLED_AGAIN: their shard's head row was
      locked by a producer's open transaction), from again_at on. Dispatcher thread only. */
@@ -94,6 +99,7 @@ static void connection_failed(struct dispatcher *d, const char *what, const char
 static int cycle(struct dispatcher *d, struct task *list, int want);
 static struct task *drop_lost(struct dispatcher *d, struct task *list, int *n);
 static int ready_target(const struct dispatcher *d);
+static void note_duration(struct dispatcher *d, double seconds);
 static long long log_progress(struct dispatcher *d, long long before);
 static void distribute(struct dispatcher *d, struct task *list);
 static void release_ready(struct dispatcher *d);
@@ -666,11 +672,8 @@ static int settle_alone(struct dispatcher *d, struct task *t, char *applied, cha
    database away at the end, no memory): the lease expires and the task runs again. */
 static void finish_task(struct dispatcher *d, struct task *t, int applied)
 {
-  if (t->finished) {
-    double x = log(t->duration > 1e-5 ? t->duration : 1e-5);
-    d->avg_log_duration = d->have_duration ? 0.9 * d->avg_log_duration + 0.1 * x : x;
-    d->have_duration = 1;
-  }
+  if (t->finished)
+    note_duration(d, t->duration);
   if (applied == SETTLED_DONE) {
     atomic_fetch_add(&d->h->stats.done, 1);
     log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
@@ -712,19 +715,37 @@ static long long log_progress(struct dispatcher *d, long long before)
   return settled;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Records a run time and recomputes the upper quartile of the recent ones. */
+static void note_duration(struct dispatcher *d, double seconds)
+{
+  d->recent[d->recent_next] = seconds > 1e-6 ? seconds : 1e-6;
+  d->recent_next = (d->recent_next + 1) % RECENT_RUNS;
+  if (d->nrecent < RECENT_RUNS)
+    d->nrecent++;
+  double sorted[RECENT_RUNS];
+  memcpy(sorted, d->recent, (size_t)d->nrecent * sizeof sorted[0]);
+  qsort(sorted, (size_t)d->nrecent, sizeof sorted[0], cmp_double);
+  d->typical_duration = sorted[(d->nrecent * 3) / 4];
+}
+
 /* How many claimed-but-not-started tasks to keep so slots never wait for a round trip:
    enough for what the slots finish during two round trips, from the typical task duration
-   (geometric mean) and round-trip time; 0 for long tasks, where a buffered task would only
+   (the upper quartile of recent ones) and round-trip time; 0 for long tasks, where a buffered task would only
    wait. Never more than READY_PER_SLOT per slot, however short the tasks, so that leases
    spread over pods and a pod that dies strands few (issue #14): tasks of a few ms with a
    round trip of 1 ms come to about one per slot, and only tasks far shorter than a round
    trip (no-ops) reach the cap. */
 static int ready_target(const struct dispatcher *d)
 {
-  if (!d->have_duration || d->avg_rtt <= 0)
+  if (d->typical_duration <= 0 || d->avg_rtt <= 0)
     return 0;
-  double typical = exp(d->avg_log_duration);
-  double x = 2.0 * d->h->cfg->concurrency * d->avg_rtt / typical;
+  double x = 2.0 * d->h->cfg->concurrency * d->avg_rtt / d->typical_duration;
   if (x < 1)
     return 0;
   int per_slot = READY_PER_SLOT * d->h->cfg->concurrency;

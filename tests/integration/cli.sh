@@ -249,13 +249,16 @@ case_migrate_leaves_only_the_current_functions() {
              from pg_proc p join pg_namespace n on n.oid = p.pronamespace
             where n.nspname = 'public' and p.proname like 'agent_work_queue%'
             order by 1")
-  assert_not_contains "no claim" "$fns" "agent_work_queue_claim/"
-  assert_not_contains "no settle" "$fns" "agent_work_queue_settle/"
+  # 011 brought the claim and the settle back as functions the cycle calls (plpgsql keeps
+  # their plans per session, unlike 004's SQL functions): one of each, no older overloads.
+  assert_contains "one claim" "$fns" $'agent_work_queue_claim/1\n'
+  assert_contains "one settle" "$fns" $'agent_work_queue_settle/1\n'
   assert_contains "one cycle" "$fns" $'agent_work_queue_cycle/1\n'
   assert_contains "one reap" "$fns" $'agent_work_queue_reap/1\n'
+  assert_contains "one release" "$fns" $'agent_work_queue_release/1\n'
   # The cycle left is the one queue.c calls (it runs, settling nothing and claiming nothing).
   assert_eq "cycle runs" "$(q "select count(*) from agent_work_queue_cycle('o', '{}', '{}', '{}',
-      '{}', '{}', '{}', '{}', '{}', 0, 30, NULL, NULL)")" 0
+      '{}', '{}', '{}', '{}', '{}', '{}', 0, 30, NULL, NULL, NULL, 0)")" 0
 }
 
 case_migrate_from_three_processes_at_once() {

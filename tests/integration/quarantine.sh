@@ -125,7 +125,7 @@ case_a_crash_is_counted_and_a_release_is_not() {
   expect_exit 0 "$LEASH" migrate
   local id
   id=$("$LEASH" enqueue '{}') || fail "enqueue failed"
-  q "update agent_work_queue set status = 'leased', lease_owner = 'w', attempts = 1,
+  q "update agent_work_queue set status = 'leased', lease_owner = 'w', attempts = 1, lease_token = 1,
        locked_until = now() + interval '1 min' where id = $id" >/dev/null
   # Drain gives the lease back: not a crash.
   q "select count(*) from agent_work_queue_release('w', '{$id}', '{1}')" >/dev/null
