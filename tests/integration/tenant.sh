@@ -143,6 +143,17 @@ case_bad_weights_and_arguments_are_refused_with_exit_2_and_nothing_written() {
   assert_contains "invalid UTF-8: names it" "$(<"$T_ERR")" 'invalid byte sequence for encoding "UTF8"'
   assert_contains "invalid UTF-8: nothing written" "$(<"$T_ERR")" "nothing was written"
 
+  # --table is checked as for every command, before and after the command's name.
+  local bad=$'x\nDROP TABLE IF EXISTS agent_work_queue_tenants;--'
+  expect_exit 2 "$LEASH" --table "$bad" tenant set acme --weight 3
+  assert_contains "--table before" "$(head -n 1 "$T_ERR")" "leash: --table: "
+  expect_exit 2 "$LEASH" tenant list --table "$bad"
+  assert_contains "--table after" "$(head -n 1 "$T_ERR")" "leash tenant: --table: "
+  assert_not_contains "no raw name echoed" "$(<"$T_ERR")" "DROP TABLE"
+  # A queue that was never migrated has no tenants table: the fix is named, exit 1.
+  expect_exit 1 "$LEASH" --table unmigrated tenant set acme --weight 3
+  assert_contains "unmigrated" "$(<"$T_ERR")" "run 'leash migrate' first"
+
   assert_eq "nothing written" "$(weights)" "acme=5"
   assert_eq "acme's row untouched" "$(q "select updated_at from agent_work_queue_tenants")" "$before"
 }
