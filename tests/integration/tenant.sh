@@ -171,7 +171,7 @@ case_hostile_tenant_names_round_trip_exactly() {
     "x'); DROP TABLE agent_work_queue_tenants; --"
     'пример 日本語 🙂'
     $'tab\there\nnewline'
-    '$1'
+    "\$1"
     '-starts-with-dash'
     '%s%n'
     ' spaced '
