@@ -9,19 +9,32 @@
 static const char usage[] =
   "usage: leash inspect ID [--json]\n\n"
   "Prints a task's row (every column: status, attempts, last_error, last_cause, crashes and\n"
-  "max_crashes, payload, result, ...),\n"
-  "the duration of its last attempt, and the steps stored for it (leash.step results, kept\n"
-  "while the task is pending, leased or dead). leash keeps no per-attempt history: only the\n"
-  "last attempt's error and timestamps are on the row.\n\n"
+  "max_crashes, priority, is_head, lease_token, run_started_at, payload, result, ...), the\n"
+  "last attempt's timings (last_attempt_s: run_started_at, or the claim for rows settled\n"
+  "before it was recorded, to finished_at; start_wait_s: claim to start; pickup_wait_s:\n"
+  "runnable to claimed), and the steps stored for it (leash.step results, kept while the\n"
+  "task is pending, leased or dead). leash keeps no per-attempt history: only the last\n"
+  "attempt's error and timestamps are on the row.\n\n"
   "options:\n"
-  "  --json                one JSON object: {\"task\": the row, \"steps\": [...], \"history\": null}\n\n";
+  "  --json                one JSON object: {\"task\": the row, \"steps\": [...], \"history\": null,\n"
+  "                        \"timings\": {\"last_attempt_s\", \"start_wait_s\", \"pickup_wait_s\"}}\n\n";
 
 enum { OPT_JSON = OPT_COMMAND_BASE };
 
+/* The last attempt's timings, as columns of q: its run from when handle started (the claim,
+   for rows settled before run_started_at was recorded), the wait from claim to start, and
+   the wait from runnable (greatest(created_at, run_after)) to claimed. NULL when a bound is
+   missing (never claimed, not finished) or the order is impossible (a row edited by hand). */
+#define TIMINGS \
+  "extract(epoch FROM q.finished_at - coalesce(q.run_started_at, q.started_at))::float8 " \
+  "  AS last_attempt_s, " \
+  "extract(epoch FROM q.run_started_at - q.started_at)::float8 AS start_wait_s, " \
+  "CASE WHEN q.started_at >= greatest(q.created_at, q.run_after) " \
+  "     THEN extract(epoch FROM q.started_at - greatest(q.created_at, q.run_after))::float8 " \
+  "END AS pickup_wait_s "
+
 /* %s: the table. */
-static const char row_fmt[] =
-  "SELECT q.*, extract(epoch FROM q.finished_at - q.started_at)::float8 AS last_attempt_s "
-  "  FROM %s q WHERE q.id = $1::bigint";
+static const char row_fmt[] = "SELECT q.*, " TIMINGS " FROM %s q WHERE q.id = $1::bigint";
 
 /* %s: the steps table. */
 static const char steps_fmt[] =
@@ -36,7 +49,8 @@ static const char json_fmt[] =
   "                                          ORDER BY s.created_at, s.name) || ']' "
   "                   FROM (SELECT name, attempt, created_at, result FROM %s "
   "                          WHERE task_id = q.id) s), '[]') || "
-  "       ',\"history\":null}' "
+  "       ',\"history\":null,\"timings\":' || "
+  "       (SELECT row_to_json(t)::text FROM (SELECT " TIMINGS ") t) || '}' "
   "  FROM %s q WHERE q.id = $1::bigint";
 
 static void print_text(PGresult *row, PGresult *steps);

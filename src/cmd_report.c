@@ -10,9 +10,10 @@
 static const char usage[] =
   "usage: leash report [--batch B] [--tenant T]... [--json]\n\n"
   "Summarises a batch (or the whole table): tasks per status, how many attempts tasks took,\n"
-  "retries, durations of done tasks (p50, p95, max of their last attempt), the most frequent\n"
-  "dead reasons with example ids, and the wall time from the first claim to the last finish.\n"
-  "All numbers come from one snapshot.\n\n"
+  "retries, durations of done tasks (p50, p95, max of their last attempt, from when the\n"
+  "script's handle started), the waits before it (pickup: runnable to claimed; claim to\n"
+  "start), the most frequent dead reasons with example ids, and the wall time from the first\n"
+  "claim to the last finish. All numbers come from one snapshot.\n\n"
   "options:\n"
   "  --batch B             only this batch\n"
   "  --tenant T            only this tenant (repeatable)\n"

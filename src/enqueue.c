@@ -16,7 +16,7 @@ static void add_escaped(struct buf *b, const char *s, size_t n);
 
 static const char *const known_keys[] = {
   "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
-  "max_crashes", NULL,
+  "max_crashes", "priority", NULL,
 };
 
 enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
@@ -57,7 +57,7 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
       known |= strcmp(*k, key) == 0;
     if (!known) {
       snprintf(err, errlen, "unknown field \"%s\" (expected payload, tenant_id, shard_key, "
-               "batch, run_after, delay, max_attempts, max_crashes)", key);
+               "batch, run_after, delay, max_attempts, max_crashes, priority)", key);
       goto out;
     }
   }
@@ -114,6 +114,16 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
     if (!json_is_number(mc) || d < 1 || d > LIFECYCLE_MAX_MAX_CRASHES || d != floor(d)) {
       snprintf(err, errlen, "\"max_crashes\" must be an integer from 1 to %d",
                LIFECYCLE_MAX_MAX_CRASHES);
+      goto out;
+    }
+  }
+  json_t *pr = json_object_get(o, "priority");
+  if (pr) {
+    double d = json_number_value(pr);
+    if (!json_is_number(pr) || d < ENQUEUE_PRIORITY_MIN || d > ENQUEUE_PRIORITY_MAX ||
+        d != floor(d)) {
+      snprintf(err, errlen, "\"priority\" must be an integer from %d to %d",
+               ENQUEUE_PRIORITY_MIN, ENQUEUE_PRIORITY_MAX);
       goto out;
     }
   }

@@ -4,7 +4,8 @@
  * A line is a JSON object with "payload" (required, not null) and optional "tenant_id",
  * "shard_key", "batch" (strings; batch may be null), "run_after" (a timestamp string, parsed
  * by PostgreSQL), "delay" (seconds >= 0; not together with run_after), "max_attempts"
- * (integer 1..1000) and "max_crashes" (integer 1..1000: crashes before quarantine).
+ * (integer 1..1000), "max_crashes" (integer 1..1000: crashes before quarantine) and
+ * "priority" (integer -1000..1000, higher first within a tenant's share; the column's CHECK).
  * tenant_id, shard_key and batch are at most 512 bytes each (lifecycle.h), and run_after may
  * not be infinite. Unknown fields and duplicate keys are errors: a typo must not silently
  * enqueue a task with defaults.
@@ -15,6 +16,10 @@
 #include "buf.h"
 
 #include <stddef.h>
+
+/* The bounds of "priority" and --priority: the column's CHECK (sql/011_scheduler.sql). */
+#define ENQUEUE_PRIORITY_MIN (-1000)
+#define ENQUEUE_PRIORITY_MAX 1000
 
 enum enqueue_verdict {
   ENQUEUE_LINE_OK,

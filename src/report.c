@@ -14,13 +14,28 @@
    (for regclass). Built as JSON by PostgreSQL so that C only formats it. Dead reasons are
    grouped by the first line of last_error (a Lua traceback's first line names the place
    and the message), cut at 200 characters. Durations are those of done tasks' last attempt:
-   started_at is set by every claim, finished_at by every settle. */
+   from run_started_at (when handle started, written at settle by 011) to finished_at (every
+   settle); rows settled before 011 have no run_started_at and count from started_at (the
+   claim), as they did. The waits, of done tasks too: claim to start (run_started_at -
+   started_at, in the process's ready buffer and setup) and pickup (started_at - the moment
+   the row became runnable, greatest(created_at, run_after): the last attempt's run_after;
+   a row claimed "before" that was written by hand, and is left out rather than shown as a
+   negative wait). */
 static const char report_fmt[] =
   "WITH s AS MATERIALIZED ("
   "  SELECT id, status, attempts, started_at, finished_at, crashes,"
+  "         CASE WHEN status = " SQL_DONE " AND finished_at IS NOT NULL"
+  "                   AND run_started_at IS NOT NULL AND started_at IS NOT NULL"
+  "              THEN extract(epoch FROM run_started_at - started_at)::float8 END AS sw,"
+  "         CASE WHEN status = " SQL_DONE " AND finished_at IS NOT NULL"
+  "                   AND started_at >= greatest(created_at, run_after)"
+  "              THEN extract(epoch FROM started_at - greatest(created_at, run_after))::float8"
+  "         END AS pw,"
   "         CASE WHEN status = " SQL_DEAD " THEN coalesce(last_cause, 'unknown') END AS cause,"
-  "         CASE WHEN status = " SQL_DONE " AND finished_at IS NOT NULL AND started_at IS NOT NULL"
-  "              THEN extract(epoch FROM finished_at - started_at)::float8 END AS d,"
+  "         CASE WHEN status = " SQL_DONE " AND finished_at IS NOT NULL"
+  "                   AND coalesce(run_started_at, started_at) IS NOT NULL"
+  "              THEN extract(epoch FROM finished_at - coalesce(run_started_at, started_at))"
+  "                   ::float8 END AS d,"
   "         CASE WHEN status = " SQL_DEAD
   "              THEN coalesce(nullif(left(split_part(last_error, E'\\n', 1), 200), ''),"
   "                            '(no message)') END AS reason"
@@ -39,6 +54,14 @@ static const char report_fmt[] =
   "         percentile_disc(0.5) WITHIN GROUP (ORDER BY d) AS p50,"
   "         percentile_disc(0.95) WITHIN GROUP (ORDER BY d) AS p95,"
   "         max(d) AS dmax,"
+  "         count(sw) AS sw_n,"
+  "         percentile_disc(0.5) WITHIN GROUP (ORDER BY sw) AS sw50,"
+  "         percentile_disc(0.95) WITHIN GROUP (ORDER BY sw) AS sw95,"
+  "         max(sw) AS swmax,"
+  "         count(pw) AS pw_n,"
+  "         percentile_disc(0.5) WITHIN GROUP (ORDER BY pw) AS pw50,"
+  "         percentile_disc(0.95) WITHIN GROUP (ORDER BY pw) AS pw95,"
+  "         max(pw) AS pwmax,"
   "         min(started_at) AS first_claim,"
   "         max(finished_at) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ")) AS last_finish,"
   "         count(DISTINCT reason) AS reasons,"
@@ -78,7 +101,11 @@ static const char report_fmt[] =
   "                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
   "  'last_finish_at', to_char(a.last_finish AT TIME ZONE 'UTC',"
   "                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
-  "  'wall_s', extract(epoch FROM a.last_finish - a.first_claim)::float8"
+  "  'wall_s', extract(epoch FROM a.last_finish - a.first_claim)::float8,"
+  "  'pickup_wait_s', json_build_object('count', a.pw_n, 'p50', a.pw50, 'p95', a.pw95,"
+  "                                     'max', a.pwmax),"
+  "  'start_wait_s', json_build_object('count', a.sw_n, 'p50', a.sw50, 'p95', a.sw95,"
+  "                                    'max', a.swmax)"
   ")::text FROM a";
 
 static void print_text(const json_t *r, FILE *out);
@@ -204,10 +231,24 @@ static void print_text(const json_t *r, FILE *out)
     print_seconds(out, " p50", json_object_get(d, "p50"));
     print_seconds(out, ", p95", json_object_get(d, "p95"));
     print_seconds(out, ", max", json_object_get(d, "max"));
-    fprintf(out, " (%lld done task%s, last attempt)\n", (long long)get_int(d, "count"),
-            get_int(d, "count") == 1 ? "" : "s");
+    fprintf(out, " (%lld done task%s, last attempt from its start)\n",
+            (long long)get_int(d, "count"), get_int(d, "count") == 1 ? "" : "s");
   } else {
     fprintf(out, "duration   - (no done task with timings)\n");
+  }
+  /* Where the time before the run went: waiting to be claimed, then claimed but not yet
+     started (the ready buffer, a slot's setup). One line; the second half only for rows
+     that recorded their start. */
+  const json_t *pw = json_object_get(r, "pickup_wait_s"), *sw = json_object_get(r, "start_wait_s");
+  if (get_int(pw, "count") > 0) {
+    fprintf(out, "waits     ");
+    print_seconds(out, " pickup p50", json_object_get(pw, "p50"));
+    print_seconds(out, ", p95", json_object_get(pw, "p95"));
+    if (get_int(sw, "count") > 0) {
+      print_seconds(out, "; claim to start p50", json_object_get(sw, "p50"));
+      print_seconds(out, ", p95", json_object_get(sw, "p95"));
+    }
+    fprintf(out, "\n");
   }
 
   const json_t *wall = json_object_get(r, "wall_s");

@@ -1,10 +1,12 @@
 /*
  * report: the summary of a batch (or any tenant/batch scope) that `leash report` prints and
  * `leash run --until-empty` prints when it exits: totals by status, the distribution of
- * attempts, retries, durations of done tasks (p50/p95/max of finished_at - started_at, i.e.
- * of each task's last attempt), the most frequent dead reasons with example ids, and the wall
- * time from the earliest recorded claim to the last finish. One SQL statement, so every
- * number comes from one snapshot; it needs the columns of sql/002_leases.sql.
+ * attempts, retries, durations of done tasks (p50/p95/max of finished_at - run_started_at,
+ * i.e. of each task's last attempt from when handle started; started_at, the claim, for rows
+ * settled before sql/011), the waits before a run (pickup: runnable to claimed; claim to
+ * start), the most frequent dead reasons with example ids, and the wall time from the
+ * earliest recorded claim to the last finish. One SQL statement, so every number comes from
+ * one snapshot; it needs the columns of sql/011_scheduler.sql.
  */
 #ifndef LEASH_REPORT_H
 #define LEASH_REPORT_H

@@ -91,7 +91,38 @@ static void keys_and_numbers_out_of_bounds_are_refused(void)
   CHECK_INT_EQ(enqueue_check_run_after("--run-after", "infinityx", err, sizeof err), 0);
 }
 
+/* priority has the column's bounds (-1000..1000, sql/011), whole numbers only, in any JSON
+   spelling of one; outside them the line is refused with the same wording as max_attempts. */
+static void priority_is_a_whole_number_within_the_column_bounds(void)
+{
+  char err[256] = "";
+  static const char *const good[] = {
+    "{\"payload\":1,\"priority\":0}", "{\"payload\":1,\"priority\":-1000}",
+    "{\"payload\":1,\"priority\":1000}", "{\"payload\":1,\"priority\":1e2}",
+    "{\"payload\":1,\"priority\":-0}", "{\"payload\":1,\"priority\":7.0}", NULL,
+  };
+  for (const char *const *g = good; *g; g++)
+    CHECK_INT_EQ(check_line(*g, strlen(*g), err, sizeof err), ENQUEUE_LINE_OK);
+  static const char *const bad[] = {
+    "{\"payload\":1,\"priority\":1001}", "{\"payload\":1,\"priority\":-1001}",
+    "{\"payload\":1,\"priority\":0.5}", "{\"payload\":1,\"priority\":\"5\"}",
+    "{\"payload\":1,\"priority\":null}", "{\"payload\":1,\"priority\":true}",
+    "{\"payload\":1,\"priority\":1e400}", NULL,
+  };
+  for (const char *const *b = bad; *b; b++) {
+    err[0] = '\0';
+    CHECK_INT_EQ(check_line(*b, strlen(*b), err, sizeof err), ENQUEUE_LINE_BAD);
+    if (strstr(*b, "1e400") == NULL)   /* jansson refuses that one as a number itself */
+      CHECK_STR_EQ(err, "\"priority\" must be an integer from -1000 to 1000");
+  }
+  static const char typo[] = "{\"payload\":1,\"priorty\":5}";
+  CHECK_INT_EQ(check_line(typo, sizeof typo - 1, err, sizeof err), ENQUEUE_LINE_BAD);
+  CHECK(strstr(err, "max_crashes, priority)") != NULL);
+}
+
 static const struct check_case cases[] = {
+  { "priority_is_a_whole_number_within_the_column_bounds",
+    priority_is_a_whole_number_within_the_column_bounds },
   { "keys_and_numbers_out_of_bounds_are_refused", keys_and_numbers_out_of_bounds_are_refused },
   { "nul_byte_after_a_token_is_refused", nul_byte_after_a_token_is_refused },
   { "copy_row_escapes_copy_specials", copy_row_escapes_copy_specials },

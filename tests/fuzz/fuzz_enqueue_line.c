@@ -78,10 +78,11 @@ static int is_blank(const char *s, size_t len)
 static void check_ok_line(const char *line, size_t len, const char *run_after)
 {
   static const char *const known[] = {
-    "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts", NULL,
+    "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
+    "max_crashes", "priority", NULL,
   };
   json_error_t je;
-  json_t *o, *v, *ra, *delay, *ma;
+  json_t *o, *v, *ra, *delay, *ma, *pr;
   const char *key;
 
   FUZZ_CHECK(memchr(line, '\0', len) == NULL);
@@ -119,6 +120,11 @@ static void check_ok_line(const char *line, size_t len, const char *run_after)
   if (ma != NULL) {
     double d = json_number_value(ma);
     FUZZ_CHECK(json_is_number(ma) && d >= 1 && d <= 2147483647.0 && d == floor(d));
+  }
+  pr = json_object_get(o, "priority");
+  if (pr != NULL) {
+    double d = json_number_value(pr);
+    FUZZ_CHECK(json_is_number(pr) && d >= -1000 && d <= 1000 && d == floor(d));
   }
   json_decref(o);
 }
