@@ -634,7 +634,15 @@ block_side() {
   ins "$N" "'bench'" "$2"
   settle_db
   drain_rate "$1"
-  SIDE="$(calc %.0f "$RATE") tasks/s in $WALL s ($PARTS)"
+  # A drain that ends on a few shards runs its tail one lane each: how many shards the last
+  # tenth of the settles were on, and how long that tenth took.
+  local tail
+  tail=$(q "WITH l AS (SELECT shard_key, finished_at FROM agent_work_queue
+                        ORDER BY finished_at DESC LIMIT greatest(1, $N / 10))
+            SELECT count(DISTINCT shard_key) || ' shards in '
+                   || round(extract(epoch FROM max(finished_at) - min(finished_at))::numeric, 3) || ' s'
+              FROM l")
+  SIDE="$(calc %.0f "$RATE") tasks/s in $WALL s ($PARTS; the last tenth on $tail)"
   dropdb
 }
 w_blocks() {
