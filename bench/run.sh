@@ -30,6 +30,28 @@
 #              counters up to 10 s before pg_stat_database shows them, so idle and heartbeat
 #              windows start 11 s after the last burst, and the sleeps last 20 s, not 10.
 #
+# The scheduler's targets (issue 14); each figure is printed with its target. Rows are plain SQL
+# INSERT ... SELECT generate_series (triggers keep the heads); a task's shard is its own
+# unless said otherwise.
+#   blocks     N no-op tasks over 100 shards, one process at C slots, --until-empty: enqueued
+#              interleaved (k = i % 100) and then, in a fresh database, shard by shard
+#              (k = i / (N/100)): the two rates and blocks / interleaved (>= 0.8), median of
+#              3 alternating rounds.
+#   parked     2,000 free tasks, one process --concurrency 20: alone (process start to their
+#              last settle), then enqueued after 100,000 runnable tasks in 10 shards: their
+#              rate behind the parked ones / alone (>= 0.5), median of 3 alternating rounds.
+#   fairness   tenant A's 50,000 tasks queued first, B's 500 after, leash.sleep(0.005), 2
+#              processes x 10 slots: B's share of the rows claimed while both had work
+#              (started_at <= the start of B's last task), 50% +- 5; then with weight A 3 in
+#              <table>_tenants, A's share, 75% +- 5.
+#   priority   one process at C slots draining 50,000 priority-0 tasks; after 2,000 are done
+#              one priority-10 task is inserted: the tasks claimed after its commit and before
+#              it (<= claim batch + slots), its pickup in ms.
+#   tenants    N no-op tasks in one tenant, then spread over N/2 tenants (2 each): drain
+#              rates at C slots and many / one (>= 0.7), median of 3 alternating rounds.
+#   leases     one process --concurrency 2, tasks of 2 ms and (1 in 4) 150 ms: the leased rows
+#              sampled every 50 ms while it drains, the most seen (<= 4 = 2 x slots).
+#
 # Every workload gets a fresh database (dropped afterwards). --smoke runs each at tiny sizes,
 # in well under a minute, to prove the bench still works (tests/integration/bench.sh).
 #
@@ -52,7 +74,7 @@ cd "$ROOT"
 usage() { sed -n '2,/^# shellcheck/{/^# shellcheck/d;s/^# \{0,1\}//;p}' "$0"; }
 die() { echo "bench/run.sh: $*" >&2; exit 1; }
 
-ALL_WORKLOADS=drain,serial,latency,depth,one-row,wide,idle,heartbeat
+ALL_WORKLOADS=drain,serial,latency,depth,one-row,wide,idle,heartbeat,blocks,parked,fairness,priority,tenants,leases
 SMOKE=0 WORKLOADS=$ALL_WORKLOADS N="" C=""
 while (($#)); do
   case $1 in
@@ -83,6 +105,8 @@ if ((SMOKE)); then
   WIDE_TASKS=200 WIDE_C=100 WIDE_SLEEP=0.2
   IDLE_SECONDS=3 IDLE_WARM=1
   HB_SLOTS=10 HB_SLEEP=6 HB_INTERVAL=0.5 HB_WINDOW=2 HB_WARM=1
+  PARK_ROWS=5000 PARK_FREE=200 FAIR_A=2000 FAIR_B=50 PRIO_ROWS=3000 PRIO_AFTER=300 LEASE_TASKS=40
+  PARK_ROUNDS=1 PAIR_ROUNDS=1
 else
   : "${N:=20000}" "${C:=10}"
   LAT_SECONDS=10 LAT_SETTLE=3
@@ -94,10 +118,12 @@ else
   # burst (start-up, claims); the heartbeat's tasks sleep long enough to cover that.
   IDLE_SECONDS=30 IDLE_WARM=11
   HB_SLOTS=50 HB_SLEEP=20 HB_INTERVAL=1 HB_WINDOW=5 HB_WARM=11
+  PARK_ROWS=100000 PARK_FREE=2000 FAIR_A=50000 FAIR_B=500 PRIO_ROWS=50000 PRIO_AFTER=2000
+  LEASE_TASKS=400 PARK_ROUNDS=3 PAIR_ROUNDS=3
 fi
 [[ $N =~ ^[1-9][0-9]*$ ]] || die "--n must be a positive integer"
 [[ $C =~ ^[1-9][0-9]*$ ]] || die "--c must be a positive integer"
-SERIAL_KEYS=100 LAT_INTERVAL_MS=20 FLOOR_CLIENTS=10 IDLE_SLOTS=$C
+SERIAL_KEYS=100 PARK_C=20 LAT_INTERVAL_MS=20 FLOOR_CLIENTS=10 IDLE_SLOTS=$C
 
 LEASH=${LEASH_BIN:-build/leash}
 [[ $LEASH == /* ]] || LEASH=$ROOT/$LEASH
@@ -566,6 +592,232 @@ w_heartbeat() {
   fig heartbeat "$(calc %.2f "($x1 - $x0) / ($secs / $HB_INTERVAL)") statements/interval" \
     "$((x1 - x0)) transactions (pg_stat_database) in ${secs} s, one process holding $HB_SLOTS leases, --heartbeat ${HB_INTERVAL}s, from ${HB_WARM} s after the claims; UPDATE statements on the queue in the window (trigger): $ups, rows each: $rows"
   dropdb
+}
+
+# ------------------------------------------------------------------ scheduler workloads (issue 14)
+# ins N TENANT SHARD [PAYLOAD] [PRIORITY]: plain SQL INSERT ... SELECT of N rows, g = 0..N-1,
+# in g order (ids follow g); the arguments are SQL expressions in g (the table is the API:
+# its triggers make the heads). Checks the count.
+ins() {
+  local got
+  got=$(q "WITH i AS (INSERT INTO agent_work_queue (tenant_id, shard_key, payload, priority)
+                      SELECT $2, $3, ${4:-"'{}'::jsonb"}, ${5:-0} FROM generate_series(0, $1 - 1) g
+                       ORDER BY g RETURNING 1)
+           SELECT count(*) FROM i")
+  [[ $got == "$1" ]] || die "inserted $got rows, want $1"
+}
+# median X...: the median of the numbers, to 2 decimals.
+median() {
+  printf '%s\n' "$@" | sort -g \
+    | awk '{ v[NR] = $1 } END { printf "%.2f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# drain_rate NAME ARGS...: timed_drain of noop.lua at C slots, all rows done; sets RATE.
+drain_rate() {
+  local name=$1 d
+  shift
+  timed_drain "$name" "$LUA/noop.lua" --concurrency "$C" --until-empty "$@"
+  d=$(done_count)
+  [[ $d == "$(q "SELECT count(*) FROM agent_work_queue")" ]] || die "$name: only $d tasks done"
+  RATE=$(calc %.1f "$d / $WALL")
+}
+# since T0_US WHERE: seconds from T0 (the host's clock, the server's is the same one) to the
+# last finished_at of the rows WHERE selects, and their count: "seconds|count".
+since() {
+  q "SELECT round(extract(epoch FROM max(finished_at)) - $1 / 1e6, 3), count(*)
+       FROM agent_work_queue WHERE $2"
+}
+
+# block_side NAME SHARD_EXPR: N no-op tasks with that shard key (an SQL expression in g);
+# sets RATE and SIDE ("rate in wall time (parts)").
+block_side() {
+  newdb "$1"
+  ins "$N" "'bench'" "$2"
+  settle_db
+  drain_rate "$1"
+  # A drain that ends on a few shards runs its tail one lane each: how many shards the last
+  # tenth of the settles were on, and how long that tenth took.
+  local tail
+  tail=$(q "WITH l AS (SELECT shard_key, finished_at FROM agent_work_queue
+                        ORDER BY finished_at DESC LIMIT greatest(1, $N / 10))
+            SELECT count(DISTINCT shard_key) || ' shards in '
+                   || round(extract(epoch FROM max(finished_at) - min(finished_at))::numeric, 3) || ' s'
+              FROM l")
+  SIDE="$(calc %.0f "$RATE") tasks/s in $WALL s ($PARTS; the last tenth on $tail)"
+  dropdb
+}
+w_blocks() {
+  local per=$(((N + 99) / 100)) r inter ratios=() rounds=""
+  for ((r = 1; r <= PAIR_ROUNDS; r++)); do
+    block_side blocks-i "'k' || (g % 100)"
+    inter=$RATE
+    rounds+="${rounds:+; }round $r: interleaved $SIDE"
+    block_side blocks-b "'k' || (g / $per)"
+    ratios+=("$(calc %.3f "$RATE / $inter")")
+    rounds+=", shard by shard $SIDE, $(calc %.2f "$RATE / $inter")x"
+  done
+  fig blocks "$(median "${ratios[@]}")x interleaved (target >= 0.8)" \
+    "median of $PAIR_ROUNDS rounds; $N no-op tasks over 100 shards, one process, C=$C, enqueued interleaved (k = i % 100) and shard by shard ($per a shard, k = i / $per); $rounds"
+}
+
+# parked_side NAME PARKED: PARK_FREE free tasks (own shards) after PARKED runnable ones in 10
+# shards of the same tenant (one lease per shard at a time: all but 10 wait behind their
+# heads), one process at PARK_C slots; sets PARK_S (process start to the last free one's
+# settle) and PARK_BUSY (parked ones done by then).
+parked_side() {
+  local t0 pid r n
+  newdb "$1"
+  (($2 == 0)) || ins "$2" "'bench'" "'p' || (g % 10)"
+  ins "$PARK_FREE" "'bench'" "'f' || g"
+  settle_db
+  t0=$(now_us)
+  start "$1" "$LUA/noop.lua" --concurrency "$PARK_C" --drain-timeout 5
+  pid=$PID
+  wait_until "the free tasks to be done" 300 q_true \
+    "SELECT count(*) = $PARK_FREE FROM agent_work_queue WHERE shard_key LIKE 'f%' AND status = 'done'"
+  stop "$1" "$pid"
+  r=$(since "$t0" "shard_key LIKE 'f%'")
+  IFS='|' read -r PARK_S n <<<"$r"
+  [[ $n == "$PARK_FREE" ]] || die "parked: $n free tasks, want $PARK_FREE"
+  PARK_BUSY=$(q "SELECT count(*) FROM agent_work_queue WHERE shard_key LIKE 'p%' AND status = 'done'")
+  dropdb
+}
+w_parked() {
+  # A drain of 2,000 no-op tasks lasts a few tenths of a second, and one swings by 2x or
+  # more on a shared machine: rounds alternate the two sides, the figure is the median ratio.
+  local r ratios=() rounds="" plain park
+  for ((r = 1; r <= PARK_ROUNDS; r++)); do
+    parked_side parked-plain 0
+    plain=$(calc %.1f "$PARK_FREE / $PARK_S")
+    rounds+="${rounds:+; }round $r: alone $(calc %.0f "$plain") tasks/s (${PARK_S} s)"
+    parked_side parked "$PARK_ROWS"
+    park=$(calc %.1f "$PARK_FREE / $PARK_S")
+    ratios+=("$(calc %.3f "$park / $plain")")
+    rounds+=", behind the parked $(calc %.0f "$park") tasks/s (${PARK_S} s, $PARK_BUSY parked done by then), $(calc %.2f "$park / $plain")x"
+  done
+  fig parked "$(median "${ratios[@]}")x alone (target >= 0.5)" \
+    "median of $PARK_ROUNDS rounds; $PARK_FREE free tasks (own shards), one process, --concurrency $PARK_C, process start to the last one's settle, alone and enqueued after $PARK_ROWS runnable tasks in 10 shards; $rounds"
+}
+
+# fair_side NAME WEIGHT_A: A's FAIR_A tasks, then B's FAIR_B (own shards each), 2 processes x
+# 10 slots of 5 ms tasks until all of B has started; sets SHARE_B (%) and SEEN (rows claimed
+# while both had work: started_at <= the start of B's last task).
+fair_side() {
+  newdb "$1"
+  ins "$FAIR_A" "'A'" "'a' || g" "'{\"s\":0.005}'::jsonb"
+  ins "$FAIR_B" "'B'" "'b' || g" "'{\"s\":0.005}'::jsonb"
+  (($2 == 1)) || q "INSERT INTO agent_work_queue_tenants (tenant_id, weight) VALUES ('A', $2)" >/dev/null
+  settle_db
+  local p1 p2 r
+  start "$1-1" "$LUA/sleep.lua" --concurrency 10 --drain-timeout 5
+  p1=$PID
+  start "$1-2" "$LUA/sleep.lua" --concurrency 10 --drain-timeout 5
+  p2=$PID
+  wait_until "all of B to start" 300 q_true \
+    "SELECT count(*) = $FAIR_B FROM agent_work_queue WHERE tenant_id = 'B' AND started_at IS NOT NULL"
+  stop "$1-1" "$p1"
+  stop "$1-2" "$p2"
+  r=$(q "WITH t AS (SELECT max(started_at) AS b_end FROM agent_work_queue WHERE tenant_id = 'B')
+         SELECT round(100.0 * count(*) FILTER (WHERE tenant_id = 'B') / count(*), 1), count(*)
+           FROM agent_work_queue, t WHERE started_at <= t.b_end")
+  IFS='|' read -r SHARE_B SEEN <<<"$r"
+  dropdb
+}
+w_fairness() {
+  local b1 n1 b3 n3
+  fair_side fair1 1
+  b1=$SHARE_B n1=$SEEN
+  fair_side fair3 3
+  b3=$SHARE_B n3=$SEEN
+  fig fairness "$b1% B at 1:1 (target 50 +- 5), $(calc %.1f "100 - $b3")% A at 3:1 (target 75 +- 5)" \
+    "tenant A $FAIR_A tasks queued first, B $FAIR_B after, own shards each, leash.sleep(0.005), 2 processes x 10 slots; share of the claims while both had work (started_at <= B's last start): weights 1:1 B $b1% of $n1 rows; weights A 3 : B 1 B $b3% of $n3 rows"
+}
+
+w_priority() {
+  newdb priority
+  ins "$PRIO_ROWS" "'bench'" "'d' || g"
+  settle_db
+  local pid r before after same claims pickup ran
+  start priority "$LUA/noop.lua" --concurrency "$C" --drain-timeout 5
+  pid=$PID
+  wait_until "$PRIO_AFTER tasks done" 120 q_true \
+    "SELECT count(*) >= $PRIO_AFTER FROM agent_work_queue WHERE status = 'done'"
+  q "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, priority)
+     VALUES ('bench', 'urgent', '{}', 10)" >/dev/null
+  wait_until "the priority-10 task to be done" 120 q_true \
+    "SELECT status = 'done' FROM agent_work_queue WHERE shard_key = 'urgent'"
+  stop priority "$pid"
+  # "After it was inserted" is from its created_at (its transaction's start, the server's
+  # clock, as started_at is): claims begun while its INSERT was still open count too, so the
+  # figure errs high, never low. started_at is the claim's transaction time: one claim's
+  # rows share it. run_started_at (when handle began) shows the ready buffer's part: tasks
+  # claimed before it and run before it all the same.
+  r=$(q "WITH u AS (SELECT created_at AS c, started_at AS s, run_started_at AS rs
+                      FROM agent_work_queue WHERE shard_key = 'urgent'),
+              b AS (SELECT q.started_at FROM agent_work_queue q, u
+                     WHERE q.started_at >= u.c AND q.started_at < u.s)
+         SELECT (SELECT count(*) FROM agent_work_queue q, u WHERE q.started_at < u.c),
+                (SELECT count(*) FROM b), (SELECT count(DISTINCT started_at) FROM b),
+                (SELECT count(*) FROM agent_work_queue q, u
+                  WHERE q.started_at = u.s AND q.shard_key <> 'urgent'),
+                (SELECT round(extract(epoch FROM u.s - u.c) * 1000, 1) FROM u),
+                (SELECT count(*) FROM agent_work_queue q, u
+                  WHERE q.run_started_at > u.c AND q.run_started_at < u.rs)")
+  IFS='|' read -r before after claims same pickup ran <<<"$r"
+  dropdb
+  fig priority "$after tasks claimed before it (target <= claim batch + slots = $((100 + C)))" \
+    "one process, C=$C, --claim-batch 100 (the default), $PRIO_ROWS priority-0 tasks (own shards); a priority-10 task inserted after $before had been claimed: claimed ${pickup} ms after its INSERT began, $after tasks claimed in between (in $claims claims), $same beside it in its own claim; $ran tasks began to run after its INSERT and before it did"
+}
+
+w_tenants() {
+  local r one ratios=() rounds=""
+  for ((r = 1; r <= PAIR_ROUNDS; r++)); do
+    block_side tenants-one "'d' || g"
+    one=$RATE
+    rounds+="${rounds:+; }round $r: one tenant $SIDE"
+    # block_side's tasks are tenant 'bench'; here they move to N/2 tenants before the drain.
+    newdb tenants-many
+    ins "$N" "'t' || (g % $((N / 2)))" "'d' || g"
+    settle_db
+    drain_rate tenants-many
+    dropdb
+    ratios+=("$(calc %.3f "$RATE / $one")")
+    rounds+=", $((N / 2)) tenants $(calc %.0f "$RATE") tasks/s in $WALL s ($PARTS), $(calc %.2f "$RATE / $one")x"
+  done
+  fig tenants "$(median "${ratios[@]}")x one tenant (target >= 0.7)" \
+    "median of $PAIR_ROUNDS rounds; $N no-op tasks (own shards), one process, C=$C, in one tenant and over $((N / 2)) tenants (2 each); $rounds"
+}
+
+w_leases() {
+  newdb leases
+  # One task in four sleeps 150 ms, the others 2 ms.
+  ins "$LEASE_TASKS" "'bench'" "'d' || g" \
+    "CASE WHEN g % 4 = 0 THEN '{\"s\":0.15}' ELSE '{\"s\":0.002}' END::jsonb"
+  settle_db
+  local pid t0 t1 maxl samples d
+  t0=$(now_us)
+  start leases "$LUA/sleep.lua" --concurrency 2 --until-empty
+  pid=$PID
+  # Sampler: one psql session, every 50 ms, the leased rows (all of them are this process's).
+  (
+    while kill -0 "$pid" 2>/dev/null; do
+      echo "SELECT count(*) FROM agent_work_queue WHERE status = 'leased';"
+      sleep 0.05
+    done
+  ) | psql -X -A -t -q -d "$DATABASE_URL" >"$WORK/leases.samples" &
+  local sampler=$!
+  finish leases "$pid"
+  t1=$(now_us)
+  wait "$sampler" || true
+  split_wall "$t0" "$t1"
+  d=$(done_count)
+  [[ $d == "$LEASE_TASKS" ]] || die "leases: $d of $LEASE_TASKS tasks done"
+  maxl=$(sort -n "$WORK/leases.samples" | tail -n 1)
+  samples=$(wc -l <"$WORK/leases.samples")
+  local dist
+  dist=$(sort -n "$WORK/leases.samples" | uniq -c | awk '{ printf "%s%s: %s", (NR > 1 ? ", " : ""), $2, $1 }')
+  dropdb
+  fig leases "$maxl leases at most (target <= 4 = 2 x slots)" \
+    "one process, --concurrency 2, $LEASE_TASKS tasks (1 in 4 leash.sleep(0.15), the rest 0.002): $(calc %.2f "($t1 - $t0) / 1e6") s = $PARTS; leased rows sampled every 50 ms ($samples samples, leased: count) $dist"
 }
 
 # ------------------------------------------------------------------ main
