@@ -240,6 +240,10 @@ BEGIN
                    WHERE q.id = ANY (p_ids)
                    ORDER BY q.tenant_id, q.shard_key
                   OFFSET 0) y) x;
+  -- The rows are found by id (pkey), never through one_lease_per_shard: "status = 'leased'"
+  -- is written as an expression no partial index's predicate follows from, because the
+  -- generic plan, costed while few rows were leased, otherwise scanned every lease of the
+  -- fleet once per outcome (a nested loop, measured 2.1 ms for 64 outcomes).
   RETURN QUERY
   WITH s AS (
     UPDATE {{table}} q
@@ -276,7 +280,7 @@ BEGIN
              WHERE busy IS NULL OR v.id <> ALL (busy)
              ORDER BY v.id) u
      WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease_token = u.token
-       AND q.lease_owner = p_owner AND q.status = 'leased'
+       AND q.lease_owner = p_owner AND (q.status || '') = 'leased'
     RETURNING q.id, q.attempts, q.status, q.last_cause
   ), gone AS (
     DELETE FROM {{obj:steps}} st USING s WHERE st.task_id = s.id AND s.status = 'done'
@@ -673,7 +677,7 @@ BEGIN
          run_after = now(), updated_at = now()
     FROM (SELECT * FROM unnest(p_ids, p_tokens) AS v(id, token) ORDER BY v.id) u
    WHERE q.id = ANY (p_ids) AND q.id = u.id AND q.lease_token = u.token
-     AND q.lease_owner = p_owner AND q.status = 'leased'
+     AND q.lease_owner = p_owner AND (q.status || '') = 'leased'
   RETURNING q.id;
   IF FOUND THEN
     PERFORM pg_notify('leash_' || {{table_literal}}::regclass::oid::text, '');

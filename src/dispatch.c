@@ -27,7 +27,7 @@
    producers commit within milliseconds, and a settle never waits for one (sql/011). */
 #define SETTLE_AGAIN_S 0.02
 /* The ready buffer's bound, in tasks per slot (see ready_target). */
-#define READY_PER_SLOT 4
+#define READY_PER_SLOT 8
 /* How many recent run times size the ready buffer. */
 #define RECENT_RUNS 32
 
