@@ -73,6 +73,8 @@ drain_checking() {
   done
 }
 
+_cont() { kill -CONT "$1" 2>/dev/null || true; }
+
 stop_workers() {
   local w
   for w in "$@"; do kill -TERM "${W_PID[$w]}" 2>/dev/null || true; done
@@ -270,6 +272,17 @@ case_lane_order_holds_for_rows_inserted_while_running() {
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
 
+# One INSERT of several rows of a shard whose run_after values are not in id order: the head
+# is the oldest by (run_after, id), as the header of sql/011 defines it, whichever row the
+# statement inserted first.
+case_the_oldest_row_of_a_multi_row_insert_is_its_shards_head() {
+  sched_setup
+  q "insert into $QT (tenant_id, shard_key, payload, run_after)
+     values ('t', 'm', '{\"n\":1}', now()), ('t', 'm', '{\"n\":2}', now() - interval '1 minute')" >/dev/null
+  assert_eq "the head of the shard (payload n)" \
+    "$(q "select string_agg(payload->>'n', ',') from $QT where is_head")" 2
+}
+
 # A shard's row that is due does not wait behind a row of its shard scheduled an hour later
 # (SPEC: a claim takes runnable rows, oldest (run_after, id) first; a shard only excludes
 # concurrent runs). Both orders of insertion, by `leash enqueue` (its own statements).
@@ -331,6 +344,38 @@ case_weights_3_to_1_give_the_heavier_tenant_three_quarters() {
   echo "# B's share of the claims while both had work (A weight 3): $share%" >&2
   ((share >= 15 && share <= 35)) || fail "B's share with weights A=3 B=1: $share% (want 25% +- 10, A 75%)"
   assert_no_sanitizer_reports
+}
+
+# The ring divides claims by weight whatever the claims' sizes: one process's successive
+# claims (the queue's own <table>_claim, carrying its ring position) of 4, 3, 2, 1, 4, ...
+# rows, as a worker makes them when its slots free up unevenly, with A at weight 3 and 2,000
+# own-shard heads in each of A and B: A gets 75% +- 5 of them. (Claims of one size do give
+# 75%; the deficit is counted in units of the current claim's size, so a small claim after a
+# large one cuts the heavier tenant's turn.)
+case_weights_hold_over_claims_of_varying_sizes() {
+  sched_setup
+  q "insert into $QT (tenant_id, shard_key, payload)
+       select t, t || g, '{}' from generate_series(1, 2000) g, (values ('A'), ('B')) v(t);
+     insert into ${QT}_tenants (tenant_id, weight) values ('A', 3)" >/dev/null
+  local got
+  got=$(psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$DATABASE_URL" <<SQL
+create temp table tally (tenant text);
+do \$\$
+declare ring text; lft int := 0; r record;
+begin
+  for i in 1..300 loop
+    for r in select * from ${QT}_claim('w', 1 + (i * 7) % 4, 60, NULL, NULL, ring, lft) loop
+      if r.id is null then ring := r.ring; lft := r.ring_left;
+      else insert into tally values (r.tenant_id); end if;
+    end loop;
+  end loop;
+end \$\$;
+select count(*) filter (where tenant = 'A') || ' ' || count(*) from tally;
+SQL
+  )
+  local a=${got% *} n=${got#* }
+  echo "# A's share over claims of 4, 3, 2, 1 rows: $a of $n" >&2
+  ((a * 100 >= 70 * n && a * 100 <= 80 * n)) || fail "A (weight 3) got $a of $n claimed rows ($((a * 100 / n))%; want 75% +- 5)"
 }
 
 # ------------------------------------------------------------------ 4. priority
@@ -410,14 +455,16 @@ case_an_old_token_matches_nothing_after_requeue() {
 
 # The same through the host: worker Z (id W) runs the task and freezes (SIGSTOP); the row is
 # set dead by hand and requeued, and worker Y, also with id W, leases it again and runs it
-# (6 s). Z resumes while Y's lease holds: its step, child enqueue, heartbeat and settle all
-# carry the old token and write nothing. Y's execution settles the row.
+# (6 s). Z resumes while Y's lease holds: its step, child enqueue and settle all carry the old
+# token and write nothing. Y's execution settles the row.
 case_a_zombie_with_the_same_worker_id_writes_nothing_after_requeue() {
   sched_setup
   local id
   id=$(q "insert into $QT (tenant_id, shard_key, payload)
           values ('t', 'z', '{\"first\":2,\"again\":6,\"step\":\"s\"}') returning id")
-  start_worker Z "$FIX/record.lua" --worker-id W --concurrency 1 --visibility 60s --heartbeat 500ms \
+  # Z's heartbeat is rare, so that on resuming its step and child reach the database (with
+  # the old token) before a heartbeat tells the host that the lease is gone.
+  start_worker Z "$FIX/record.lua" --worker-id W --concurrency 1 --visibility 60s --heartbeat 20s \
     --poll-ms 10-50
   wait_for "Z to start the task" 20 q_true "select count(*) = 1 from execs where task_id = $id"
   kill -STOP "${W_PID[Z]}"
@@ -430,7 +477,7 @@ case_a_zombie_with_the_same_worker_id_writes_nothing_after_requeue() {
     --poll-ms 10-50 --until-empty
   wait_for "Y to start the task again" 20 q_true "select count(*) = 2 from execs where task_id = $id"
   local row
-  row=$(q "select lease_owner || '|' || attempts || '|' || (lease_token <> $tok1) from $QT where id = $id")
+  row=$(q "select lease_owner || '|' || attempts || '|' || (lease_token <> $tok1)::text::char from $QT where id = $id")
   assert_eq "the live lease (owner|attempts|new token)" "$row" "W|1|t"
   wait_for "Z's 2 s of work to be over" 10 q_true \
     "select clock_timestamp() > min(started) + interval '2.3 s' from execs where task_id = $id"
@@ -448,43 +495,44 @@ case_a_zombie_with_the_same_worker_id_writes_nothing_after_requeue() {
   assert_eq "children enqueued while Y runs" "$(q "select count(*) from $QT where id <> $id")" 0
   assert_worker_exit Y 30 0
   assert_eq "the row after Y (settled by Y's execution)" \
-    "$(q "select q.status || '|' || (q.result->>'exec' = e.id::text) from $QT q
+    "$(q "select q.status || '|' || (q.result->>'exec' = e.id::text)::text::char from $QT q
            join execs e on e.task_id = q.id and e.worker = 'W'
           where q.id = $id order by e.id desc limit 1")" "done|t"
   assert_eq "children: one, Y's" \
-    "$(q "select count(*) || '|' || bool_and((payload->>'child_of')::bigint = (select max(id) from execs where task_id = $id))
+    "$(q "select count(*) || '|' || bool_and((payload->>'child_of')::bigint = (select max(id) from execs where task_id = $id))::text::char
             from $QT where id <> $id")" "1|t"
   assert_no_sanitizer_reports
 }
 
 # ------------------------------------------------------------------ 6. heads and hand-made changes
 
-# hand_setup: 6 shards x 25 tasks of 20-40 ms (s0..s5), 2 workers x 3 slots running; returns
-# once the workers are under way. Each case then changes rows by hand while they run.
+# hand_setup: 20 shards x 9 tasks of 20-40 ms (s0..s19), 2 workers x 3 slots with claims of
+# at most 4 running (what they can lease, slots plus ready buffers, is fewer than the shards:
+# some shards wait with a pending head at any moment); returns once the workers are under way. Each case then changes rows by hand while they run.
 hand_setup() {
   sched_setup
-  seq 0 149 | awk '{ printf "{\"tenant_id\":\"t\",\"shard_key\":\"s%d\",\"payload\":{\"min\":0.02,\"max\":0.04}}\n", int($1 / 25) }' \
+  seq 0 179 | awk '{ printf "{\"tenant_id\":\"t\",\"shard_key\":\"s%d\",\"payload\":{\"min\":0.02,\"max\":0.04}}\n", int($1 / 9) }' \
     >"$T_TMP/tasks.jsonl"
-  enqueue_file "$T_TMP/tasks.jsonl" 150
+  enqueue_file "$T_TMP/tasks.jsonl" 180
   local w
   for w in A B; do
-    start_worker "$w" "$FIX/record.lua" --concurrency 3 --poll-ms 10-50
+    start_worker "$w" "$FIX/record.lua" --concurrency 3 --claim-batch 4 --poll-ms 10-50
   done
   wait_for "the workers to be under way" 20 q_true "select count(*) >= 10 from $QT where status = 'done'"
 }
 
-# by_hand DESC SQL: runs SQL (an UPDATE/DELETE ... RETURNING 1 on a head, which a claim may
-# take first) until it changed one row.
+# by_hand DESC SQL: runs SQL (an UPDATE/DELETE ... RETURNING 1 of the row `where $HEAD`, a
+# pending head of some shard, which a claim may take first) until it changed one row.
+HEAD="is_head and id = (select id from $QT where is_head and shard_key like 's%' order by id limit 1)"
 by_hand() {
   wait_for "$1" 10 q_true "with x as ($2) select count(*) = 1 from x"
 }
 
 case_a_pending_head_set_dead_by_hand_hands_its_shard_over() {
   hand_setup
-  by_hand "a head of s1 set dead" \
-    "update $QT set status = 'dead' where is_head and shard_key = 's1' returning 1"
+  by_hand "a head set dead" "update $QT set status = 'dead' where $HEAD returning 1"
   assert_heads_invariant "right after"
-  drain_checking "the rest to be done" 30 "dead=1 done=149"
+  drain_checking "the rest to be done" 30 "dead=1 done=179"
   stop_workers A B
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
@@ -503,10 +551,10 @@ case_a_leased_row_set_done_by_hand_while_its_worker_runs_hands_over() {
   id=$(q "update $QT set status = 'done', last_error = 'by hand' where shard_key = 's2' and status = 'leased' returning id")
   [[ -n $id ]] || fail "no leased row of s2 to set done"
   assert_heads_invariant "right after"
-  drain_checking "the rest to be done" 40 "done=150"
+  drain_checking "the rest to be done" 40 "done=180"
   stop_workers A B
   assert_eq "the row set done by hand (its worker's late settle wrote nothing)" \
-    "$(q "select status || '|' || coalesce(last_error, '') || '|' || (result is null) from $QT where id = $id")" \
+    "$(q "select status || '|' || coalesce(last_error, '') || '|' || (result is null)::text::char from $QT where id = $id")" \
     "done|by hand|t"
   assert_eq "overlapping executions of one shard (but the one set done)" \
     "$(exec_overlaps "a.task_id <> $id and b.task_id <> $id")" ""
@@ -514,26 +562,60 @@ case_a_leased_row_set_done_by_hand_while_its_worker_runs_hands_over() {
 
 case_a_pending_head_deleted_hands_its_shard_over() {
   hand_setup
-  by_hand "a head of s3 deleted" "delete from $QT where is_head and shard_key = 's3' returning 1"
+  by_hand "a head deleted" "delete from $QT where $HEAD returning 1"
   assert_heads_invariant "right after"
-  drain_checking "the rest to be done" 30 "done=149"
+  drain_checking "the rest to be done" 30 "done=179"
   stop_workers A B
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
 
 case_a_head_moved_to_another_shard_or_tenant_hands_over() {
   hand_setup
-  by_hand "a head of s1 moved to a new shard" \
-    "update $QT set shard_key = 'moved' where is_head and shard_key = 's1' returning 1"
+  by_hand "a head moved to a new shard" "update $QT set shard_key = 'moved' where $HEAD returning 1"
   assert_heads_invariant "after a head moved to a new shard"
-  by_hand "a head of s2 moved to another tenant" \
-    "update $QT set tenant_id = 'other' where is_head and shard_key = 's2' returning 1"
+  by_hand "a head moved to another tenant" "update $QT set tenant_id = 'other' where $HEAD returning 1"
   assert_heads_invariant "after a head moved to another tenant"
-  drain_checking "every task to be done" 30 "done=150"
+  drain_checking "every task to be done" 30 "done=180"
   stop_workers A B
   assert_eq "the moved rows ran" \
     "$(q "select count(*) from $QT where (shard_key = 'moved' or tenant_id = 'other') and status = 'done'")" 2
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
+}
+
+# A head moved into a shard that has a pending head of its own: two heads there (a shard's
+# claims still take one lease at a time); both run, and so does the rest.
+case_a_head_moved_into_a_shard_with_a_head_runs_with_it() {
+  hand_setup
+  wait_for "a head moved into another shard's lane" 10 q_true \
+    "with t as (select shard_key from $QT where is_head and shard_key like 's%' order by id desc limit 1),
+          x as (update $QT set shard_key = (select shard_key from t)
+                 where $HEAD and shard_key <> (select shard_key from t) returning 1)
+     select count(*) = 1 from x"
+  assert_heads_invariant "right after" 2
+  drain_checking "every task to be done" 30 "done=180" 2
+  stop_workers A B
+  assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
+}
+
+# A lease given back by hand (UPDATE status = 'pending' on a leased row, as an operator frees
+# a stuck task) makes the row its shard's head: it runs again; the first run's settle finds
+# the row re-leased or done by then and writes nothing over it.
+case_a_leased_row_made_pending_by_hand_runs_again() {
+  hand_setup
+  local id
+  q "update $QT set payload = '{\"min\":1,\"max\":1}' where shard_key = 's2' and status = 'pending'" >/dev/null
+  wait_for "a 1 s task of s2 to be running" 10 q_true \
+    "select count(*) = 1 from $QT q join execs e on e.task_id = q.id
+      where q.shard_key = 's2' and q.status = 'leased' and e.finished is null
+        and e.started > clock_timestamp() - interval '0.5 s'"
+  id=$(q "update $QT set status = 'pending', attempts = 0 where shard_key = 's2' and status = 'leased' returning id")
+  [[ -n $id ]] || fail "no leased row of s2 to give back"
+  assert_heads_invariant "right after"
+  drain_checking "every task to be done" 40 "done=180"
+  stop_workers A B
+  assert_eq "executions of the row given back" "$(q "select count(*) from execs where task_id = $id")" 2
+  assert_eq "overlapping executions of one shard (but the row given back)" \
+    "$(exec_overlaps "a.task_id <> $id and b.task_id <> $id")" ""
 }
 
 # A pending row that is not a head moved by hand into a shard of its own has neither a head
@@ -541,11 +623,11 @@ case_a_head_moved_to_another_shard_or_tenant_hands_over() {
 case_a_waiting_row_moved_to_an_empty_shard_still_runs() {
   hand_setup
   local id
-  id=$(q "update $QT set shard_key = 'alone' where id = (select max(id) from $QT where shard_key = 's5'
+  id=$(q "update $QT set shard_key = 'alone' where id = (select max(id) from $QT where shard_key like 's%'
             and status = 'pending' and not is_head) returning id")
-  [[ -n $id ]] || fail "no waiting row of s5 to move"
+  [[ -n $id ]] || fail "no waiting row to move"
   assert_heads_invariant "right after"
-  drain_checking "every task to be done" 30 "done=150"
+  drain_checking "every task to be done" 30 "done=180"
   stop_workers A B
 }
 
@@ -559,7 +641,7 @@ case_dead_rows_made_pending_by_hand_get_one_head_and_all_run() {
   assert_eq "heads of the revived shard (pending or already leased)" \
     "$(q "select count(*) from $QT where shard_key = 'revived' and (is_head or status = 'leased')")" 1
   assert_heads_invariant "right after"
-  drain_checking "every task to be done" 30 "done=170"
+  drain_checking "every task to be done" 30 "done=200"
   stop_workers A B
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
@@ -575,7 +657,7 @@ case_rows_inserted_with_is_head_false_run_after_repair_heads() {
   echo "# heads or leases of the is_head=false shard right after the insert: $before" >&2
   q "select ${QT}_repair_heads()" >/dev/null
   assert_heads_invariant "after repair_heads"
-  drain_checking "every task to be done" 30 "done=160"
+  drain_checking "every task to be done" 30 "done=190"
   stop_workers A B
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
@@ -593,7 +675,7 @@ SQL
   made=$(q "select ${QT}_repair_heads()")
   assert_eq "heads made by repair_heads (3 restored shards)" "$made" 3
   assert_heads_invariant "after repair_heads"
-  drain_checking "every task to be done" 30 "done=162"
+  drain_checking "every task to be done" 30 "done=192"
   stop_workers A B
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
