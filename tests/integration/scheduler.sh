@@ -73,6 +73,10 @@ drain_checking() {
   done
 }
 
+# True while a producer holds a hand-over lock (shared, the two-key advisory space).
+PRODUCER_HOLDS="select exists (select 1 from pg_locks where locktype = 'advisory' and mode = 'ShareLock'
+                                and granted and objsubid = 2)"
+
 _cont() { kill -CONT "$1" 2>/dev/null || true; }
 
 stop_workers() {
@@ -207,6 +211,89 @@ SQL
     "$(q 'select count(*) || $$/$$ || count(distinct task_id) from execs')" "802/802"
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
   assert_no_sanitizer_reports
+}
+
+# SIGTERM while a task's settle waits for a producer that holds its shard (4 s, longer than
+# --drain-timeout 1): the drain still ends within --drain-timeout + 2 s (run --help), and
+# nothing is lost: once the producer commits, both of the shard's tasks end up done (the
+# held one written by the drain, or reaped after its 3 s lease and run again).
+case_a_drain_ends_on_time_while_a_producer_holds_a_settling_shard() {
+  sched_setup
+  local held
+  held=$(q "insert into $QT (tenant_id, shard_key, payload)
+            values ('t', 'held', '{\"min\":0.3,\"max\":0.3}') returning id")
+  start_worker A "$FIX/record.lua" --concurrency 2 --visibility 3s --heartbeat 500ms \
+    --drain-timeout 1 --poll-ms 10-50
+  wait_for "the held shard's task to start" 20 q_true \
+    "select count(*) = 1 from execs where task_id = $held"
+  psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >"$T_TMP/producer.out" 2>&1 <<SQL &
+begin;
+insert into $QT (tenant_id, shard_key, payload) values ('t', 'held', '{"min":0.01,"max":0.01}');
+insert into marks (what) values ('inserted');
+do \$\$ begin
+  for i in 1..200 loop
+    exit when exists (select 1 from execs where task_id = $held and finished is not null);
+    perform pg_sleep(0.05);
+  end loop;
+end \$\$;
+select pg_sleep(4);
+insert into marks (what, note) select 'commit', status from $QT where id = $held;
+commit;
+SQL
+  local prod=$!
+  t_on_exit t_kill "$prod"
+  wait_for "the held task's handler to end inside the producer's transaction" 10 q_true \
+    "select exists (select 1 from execs where task_id = $held and finished is not null)
+        and ($PRODUCER_HOLDS)"
+  local t0
+  t0=$(_t_now_us)
+  kill -TERM "${W_PID[A]}"
+  assert_worker_exit A 10 0
+  local ms=$((($(_t_now_us) - t0) / 1000))
+  echo "# drain took $ms ms (the producer still held the shard: $(q "select count(*) = 0 from marks where what = 'commit'"))" >&2
+  ((ms <= 3000)) || fail "the drain took $ms ms with --drain-timeout 1 (want <= 3,000)"
+  wait "$prod" || fail "the producer failed: $(cat "$T_TMP/producer.out")"
+  start_worker B "$FIX/record.lua" --concurrency 2 --poll-ms 10-50 --until-empty
+  assert_worker_exit B 20 0
+  assert_eq "the shard's tasks" "$(q "select string_agg(status, ',') from $QT where shard_key = 'held'")" "done,done"
+  echo "# executions of the held task: $(q "select count(*) from execs where task_id = $held")" >&2
+  assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
+}
+
+# A lease reaped to dead (its worker was killed, max_attempts 1) while a producer holds the
+# shard with a row inserted behind it: once the producer commits, its row must run (the
+# reap's hand-over must not miss it and leave the shard without a head for the 5 minutes
+# until the next repair_heads).
+case_a_lease_reaped_to_dead_while_a_producer_holds_its_shard_hands_over() {
+  sched_setup
+  local held
+  held=$(q "insert into $QT (tenant_id, shard_key, payload, max_attempts)
+            values ('t', 'r', '{\"min\":30,\"max\":30}', 1) returning id")
+  start_worker A "$FIX/record.lua" --concurrency 1 --visibility 2s --heartbeat 500ms --poll-ms 10-50
+  wait_for "the task to start" 20 q_true "select count(*) = 1 from execs where task_id = $held"
+  kill -KILL "${W_PID[A]}"
+  wait_worker A 10
+  psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >"$T_TMP/producer.out" 2>&1 <<SQL &
+begin;
+insert into $QT (tenant_id, shard_key, payload) values ('t', 'r', '{"min":0.01,"max":0.01}');
+insert into marks (what) values ('inserted');
+do \$\$ begin
+  for i in 1..300 loop
+    exit when exists (select 1 from $QT where id = $held and status <> 'leased');
+    perform pg_sleep(0.05);
+  end loop;
+end \$\$;
+insert into marks (what, note) select 'commit', status from $QT where id = $held;
+commit;
+SQL
+  local prod=$!
+  t_on_exit t_kill "$prod"
+  wait_for "the producer to hold the shard's hand-over lock" 10 q_true "$PRODUCER_HOLDS"
+  start_worker B "$FIX/record.lua" --concurrency 1 --visibility 2s --heartbeat 500ms --poll-ms 10-50
+  wait "$prod" || fail "the producer failed: $(cat "$T_TMP/producer.out")"
+  assert_eq "the reaped task when the producer committed" "$(q "select note from marks where what = 'commit'")" dead
+  drain_checking "the producer's row to run" 15 "dead=1 done=1"
+  stop_workers B
 }
 
 # ------------------------------------------------------------------ 2. lane order
@@ -406,6 +493,27 @@ case_a_priority_task_overtakes_the_queued_backlog() {
   assert_eq "claims made after the priority-10 task's commit that did not take it" "$claims" 0
   ((starts <= 16 + 4)) || fail "tasks started between the priority-10 commit and its start: $starts (want <= 20)"
   assert_no_sanitizer_reports
+}
+
+# A row whose lease a user trigger refuses sends the cycle to its row-by-row fallback
+# (<table>_cycle_rows): that row is set aside (dead, bad_row) and the others still run.
+case_a_row_whose_lease_is_refused_does_not_stop_the_claims() {
+  sched_setup
+  q "create function refuse() returns trigger language plpgsql as \$\$
+     begin
+       if NEW.shard_key = 'bad' and NEW.status = 'leased' then
+         raise exception 'refused by a user trigger';
+       end if;
+       return NEW;
+     end \$\$;
+     create trigger refuse before update on $QT for each row execute function refuse();
+     insert into $QT (tenant_id, shard_key, payload) values ('t', 'bad', '{}');
+     insert into $QT (tenant_id, shard_key, payload)
+       select 't', 'k' || g, '{\"min\":0.001,\"max\":0.002}' from generate_series(1, 20) g" >/dev/null
+  start_worker A "$FIX/record.lua" --concurrency 4 --claim-batch 8 --until-empty --poll-ms 10-50
+  assert_worker_exit A 20 0
+  assert_eq "queue after the run" "$(status_counts)" "dead=1 done=20"
+  assert_eq "the refused row" "$(q "select status || '|' || last_cause from $QT where shard_key = 'bad'")" "dead|bad_row"
 }
 
 # ------------------------------------------------------------------ 5. lease tokens
