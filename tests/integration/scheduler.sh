@@ -386,6 +386,30 @@ case_a_delayed_row_does_not_hold_back_a_due_row_of_its_shard() {
   stop_workers A
 }
 
+# The same with a retry: a task that failed and waits out its backoff (an hour here) does not
+# hold back a row enqueued into its shard afterwards.
+case_a_retry_waiting_its_backoff_does_not_hold_back_its_shard() {
+  sched_setup
+  local first
+  first=$(q "insert into $QT (tenant_id, shard_key, payload) values ('t', 'flaky', '{\"retry\":3600}') returning id")
+  start_worker A "$FIX/record.lua" --concurrency 2 --poll-ms 10-50
+  wait_for "the first task to fail and wait for its retry" 10 q_true \
+    "select status = 'pending' and attempts = 1 from $QT where id = $first"
+  local next
+  next=$(q "insert into $QT (tenant_id, shard_key, payload) values ('t', 'flaky', '{}') returning id")
+  wait_for "the shard's new row (task $next) to run while the retry waits" 10 q_true \
+    "select status = 'done' from $QT where id = $next"
+  stop_workers A
+}
+
+# The JSONL field priority reaches the row (enqueue --file), and the default is 0.
+case_jsonl_priority_reaches_the_row() {
+  sched_setup
+  printf '{"payload":{},"priority":10}\n{"payload":{}}\n{"payload":{},"priority":-3}\n' >"$T_TMP/p.jsonl"
+  enqueue_file "$T_TMP/p.jsonl" 3
+  assert_eq "priorities in id order" "$(q "select string_agg(priority::text, ',' order by id) from $QT")" "10,0,-3"
+}
+
 # ------------------------------------------------------------------ 3. fairness
 
 # fair_run WEIGHT_A: tenant A's 3,000 tasks are enqueued first, B's 300 after (ids behind
