@@ -17,7 +17,7 @@ QT=agent_work_queue
 # A fresh migrated database with `execs` (one row per execution) and `marks` (moments a case
 # notes down, on the server's clock).
 sched_setup() {
-  t_newdb "$@"
+  t_newdb
   expect_exit 0 "$LEASH" migrate
   q "create table execs (
        id bigserial primary key, task_id bigint not null, attempt int not null,
@@ -136,7 +136,7 @@ case_plain_sql_producers_racing_the_workers_keep_exclusion() {
   } | psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >"$T_TMP/p1.out" 2>&1 &
   local p1=$!
   {
-    for b in $(seq 1 30); do
+    for _ in $(seq 1 30); do
       echo "begin;"
       echo "insert into $QT (tenant_id, shard_key, payload)
             select 't', 'p' || (g % 10), '{\"min\":0.002,\"max\":0.005,\"by\":2}'
@@ -552,7 +552,7 @@ cycle_sql() {
   [[ $n == 0 ]] && nulls='{}'
   echo "select settled, id, attempts, status, token
           from ${QT}_cycle('$1', '$2', '$3', '$4', '$nulls', '$nulls', '$nulls', '$nulls',
-                           '$(sed 's/NULL/f/g' <<<"$nulls")', '$nulls', $5, 60, NULL, NULL, NULL, 0)
+                           '${nulls//NULL/f}', '$nulls', $5, 60, NULL, NULL, NULL, 0)
          where id is not null"
 }
 
