@@ -76,19 +76,36 @@ $$;
 
 -- ---------------------------------------------------------------- keeping heads
 
--- Before INSERT (row): is the new row its shard's head? Rows inserted before it by the same
--- statement are visible here, so a block of one shard gets one head.
+-- Before INSERT (row): is the new row its shard's head? Yes when the shard has neither a
+-- lease nor a pending head, or when it is older, by (run_after, id), than the shard's head
+-- (which then stops being one: a row due now does not wait behind one scheduled for later).
+-- Rows inserted before it by the same statement are visible here.
 CREATE FUNCTION {{obj:heads_new_row}}() RETURNS trigger
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
+DECLARE
+  h_id bigint;
+  h_run_after timestamptz;
 BEGIN
-  NEW.is_head := NOT EXISTS (SELECT 1 FROM {{table}} o
-                              WHERE o.tenant_id = NEW.tenant_id AND o.shard_key = NEW.shard_key
-                                AND o.is_head)
-             AND NOT EXISTS (SELECT 1 FROM {{table}} o
-                              WHERE o.tenant_id = NEW.tenant_id AND o.shard_key = NEW.shard_key
-                                AND o.status = 'leased');
+  IF EXISTS (SELECT 1 FROM {{table}} o
+              WHERE o.tenant_id = NEW.tenant_id AND o.shard_key = NEW.shard_key
+                AND o.status = 'leased') THEN
+    NEW.is_head := false;      -- the lease's settle hands the shard to its oldest row
+    RETURN NEW;
+  END IF;
+  SELECT o.id, o.run_after INTO h_id, h_run_after FROM {{table}} o
+   WHERE o.tenant_id = NEW.tenant_id AND o.shard_key = NEW.shard_key AND o.is_head
+   ORDER BY o.run_after, o.id
+   LIMIT 1;
+  IF h_id IS NULL THEN
+    NEW.is_head := true;
+  ELSIF (NEW.run_after, NEW.id) < (h_run_after, h_id) THEN
+    UPDATE {{table}} SET is_head = false WHERE id = h_id AND is_head;
+    NEW.is_head := true;
+  ELSE
+    NEW.is_head := false;
+  END IF;
   RETURN NEW;
 END $$;
 CREATE TRIGGER {{name:heads_new_row}} BEFORE INSERT ON {{table}}
@@ -164,9 +181,10 @@ BEGIN
 END $$;
 
 -- Changes made by hand (the queue's own functions set leash.internal and are not seen here).
--- A row made pending becomes a head when its shard has neither a head nor a lease (rows an
--- UPDATE processed before it are visible to this trigger, so a bulk requeue of one shard
--- makes one head); a head that leaves pending stops being one (leash_head_is_pending). A
+-- A row made pending, or a pending row moved to another tenant or shard, becomes a head when
+-- its shard has neither a head nor a lease (rows an UPDATE processed before it are visible to
+-- this trigger, so a bulk requeue of one shard makes one head); a head that leaves pending
+-- stops being one (leash_head_is_pending). A
 -- head or a lease that leaves (status, tenant or shard changed, row deleted) then hands its
 -- shard over. These take no hand-over lock: a race with a producer is left to repair_heads.
 CREATE FUNCTION {{obj:heads_by_hand}}() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -181,9 +199,11 @@ BEGIN
   END IF;
   RETURN NEW;
 END $$;
-CREATE TRIGGER {{name:heads_by_hand}} BEFORE UPDATE OF status ON {{table}}
+CREATE TRIGGER {{name:heads_by_hand}} BEFORE UPDATE OF status, tenant_id, shard_key ON {{table}}
   FOR EACH ROW
-  WHEN (((NEW.status = 'pending' AND OLD.status <> 'pending')
+  WHEN (((NEW.status = 'pending'
+          AND (OLD.status <> 'pending' OR NEW.tenant_id <> OLD.tenant_id
+               OR NEW.shard_key <> OLD.shard_key))
          OR (NEW.status <> 'pending' AND NEW.is_head))
         AND current_setting('leash.internal', true) IS DISTINCT FROM 'on')
   EXECUTE FUNCTION {{obj:heads_by_hand}}();
@@ -496,7 +516,7 @@ BEGIN
      LIMIT 1;
   END IF;
   RETURN QUERY SELECT NULL::bigint, NULL::int, NULL::int, NULL::text, NULL::text, NULL::text,
-                      NULL::text, due, NULL::bigint, cur, least(lft, w * quantum);
+                      NULL::text, due, NULL::bigint, cur, greatest(lft, 0);
 END $$;
 
 -- ---------------------------------------------------------------- cycle
@@ -545,7 +565,8 @@ END $$;
 -- The reaper (010) with tokens: an expired lease goes back to pending (or dead) as a crash,
 -- quarantined at max_crashes. A row going back to pending is its shard's head again (it was
 -- the one running: nothing of its shard is ahead of it, or a batch-scoped claim took it out
--- of turn, and then two heads are merely untidy); a dead one hands its shard over.
+-- of turn, and then two heads are merely untidy); a dead one hands its shard over, under the
+-- hand-over lock like a settle.
 DROP FUNCTION IF EXISTS {{obj:reap_rows}}();
 DROP FUNCTION IF EXISTS {{obj:reap}}(bigint);
 CREATE FUNCTION {{obj:reap}}(p_only bigint DEFAULT NULL)
@@ -567,13 +588,23 @@ BEGIN
                                                     {{table_literal}}::regclass::oid::bigint)) THEN
     RETURN;
   END IF;
-  WITH r AS (
-    SELECT e.id, e.lease_owner AS owner FROM {{table}} e
-     WHERE e.status = 'leased' AND (e.locked_until IS NULL OR e.locked_until < now())
-       AND (p_only IS NULL OR e.id = p_only)
-     ORDER BY e.id
+  -- A lease that goes dead hands its shard over: it takes the shard's hand-over lock first
+  -- (try-only; one a producer holds is reaped next time). One that goes back to pending is
+  -- its shard's head again and needs none.
+  WITH e AS (
+    SELECT x.id, x.lease_owner AS owner, x.tenant_id, x.shard_key,
+           x.crashes + 1 >= x.max_crashes OR x.attempts >= x.max_attempts AS dies
+      FROM {{table}} x
+     WHERE x.status = 'leased' AND (x.locked_until IS NULL OR x.locked_until < now())
+       AND (p_only IS NULL OR x.id = p_only)
+     ORDER BY x.id
      LIMIT 1000
      FOR UPDATE SKIP LOCKED
+  ), r AS (
+    SELECT e.id, e.owner FROM e
+     WHERE NOT e.dies
+        OR pg_try_advisory_xact_lock({{table_literal}}::regclass::oid::int,
+                                     {{obj:lane_key}}(e.tenant_id, e.shard_key))
   ), u AS (
     UPDATE {{table}} q
        SET status = CASE WHEN q.crashes + 1 >= q.max_crashes THEN 'dead'
@@ -700,7 +731,7 @@ DECLARE
 BEGIN
   SELECT array_agg(x.tenant_id), array_agg(x.shard_key) INTO kt, ks
     FROM (SELECT DISTINCT p.tenant_id, p.shard_key FROM {{table}} p
-           WHERE p.status = 'pending' AND NOT p.is_head
+           WHERE p.status = 'pending' AND p.is_head IS NOT TRUE
              AND NOT EXISTS (SELECT 1 FROM {{table}} o
                               WHERE o.tenant_id = p.tenant_id AND o.shard_key = p.shard_key
                                 AND o.is_head)

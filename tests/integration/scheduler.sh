@@ -278,7 +278,7 @@ begin;
 insert into $QT (tenant_id, shard_key, payload) values ('t', 'r', '{"min":0.01,"max":0.01}');
 insert into marks (what) values ('inserted');
 do \$\$ begin
-  for i in 1..300 loop
+  for i in 1..60 loop
     exit when exists (select 1 from $QT where id = $held and status <> 'leased');
     perform pg_sleep(0.05);
   end loop;
@@ -291,7 +291,13 @@ SQL
   wait_for "the producer to hold the shard's hand-over lock" 10 q_true "$PRODUCER_HOLDS"
   start_worker B "$FIX/record.lua" --concurrency 1 --visibility 2s --heartbeat 500ms --poll-ms 10-50
   wait "$prod" || fail "the producer failed: $(cat "$T_TMP/producer.out")"
-  assert_eq "the reaped task when the producer committed" "$(q "select note from marks where what = 'commit'")" dead
+  # The reaper either reaped it before the producer took the lock (then the producer's row is
+  # behind a dead task, and the recheck after its lock made it the head) or leaves it for
+  # its next pass while the producer holds the shard (then the reap hands over, after the
+  # commit): both end with the producer's row run.
+  local note
+  note=$(q "select note from marks where what = 'commit'")
+  [[ $note == dead || $note == leased ]] || fail "the reaped task when the producer committed: $note"
   drain_checking "the producer's row to run" 15 "dead=1 done=1"
   stop_workers B
 }
