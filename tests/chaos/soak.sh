@@ -7,7 +7,7 @@
 #
 #   tests/chaos/soak.sh [--duration S] [--tasks N] [--procs P] [--slots M] [--seed X] [--keep]
 #                       [--workdir DIR] [--visibility S] [--heartbeat S] [--drain-max S]
-#                       [--poison N] [--hostile PERMILLE]
+#                       [--poison N] [--hostile PERMILLE] [--blocks]
 #
 # Defaults: 60 s, 3,000 tasks, 3 × 4, seed 1. The chaos lasts --duration; the producer
 # enqueues everything during its first 80 %; afterwards the workers drain what is left (at
@@ -22,6 +22,11 @@
 # globals) and must be done in the end. Other tasks carry max_crashes 100: the chaos's own
 # kills are crashes too, and must not quarantine an innocent task.
 #
+# --blocks enqueues the 50 lanes (2 tenants x 25 shards) one after the other, each lane's
+# tasks together, instead of at random: the shard-by-shard order the scheduler's heads exist
+# for (sql/011). The driver also changes statuses by hand now and then (a pending head set
+# dead, then pending again, in two transactions), which the heads' triggers must survive.
+#
 # Everything is its own: a throwaway cluster (scripts/pg.sh), the mock LLM
 # (scripts/mock_llm.py: 5 % 429, 5 % 500, latency 0-100 ms against a 100 ms client timeout),
 # the workers (--visibility 3 --heartbeat 1, --worker-id w<slot>-gen<n>, one log per
@@ -35,7 +40,7 @@ LEASH=${LEASH_BIN:-$SRC/build/leash}
 PGSH=$SRC/scripts/pg.sh
 
 DURATION=60 TASKS=3000 PROCS=3 SLOTS=4 SEED=1 KEEP=0 WORK="" VIS=3 HB=1 DRAIN_MAX=300
-POISON="" HOSTILE=10
+POISON="" HOSTILE=10 BLOCKS=0
 SQL_EVERY=53          # every task n with n % 53 = 0 goes in by plain SQL INSERT
 PG_GAP_MIN=15 PG_GAP_MAX=45   # seconds between two PostgreSQL restarts
 
@@ -56,6 +61,7 @@ while (($#)); do
     --drain-max) DRAIN_MAX=${2:?}; shift ;;
     --poison) POISON=${2:?}; shift ;;
     --hostile) HOSTILE=${2:?}; shift ;;
+    --blocks) BLOCKS=1 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -295,7 +301,7 @@ producer() {
     ((wait_us <= 0)) || sleep "$((wait_us / 1000000)).$(printf '%06d' $((wait_us % 1000000)))"
     awk -v lo="$lo" -v hi="$hi" -v seed="$((SEED * 100003 + c))" -v every="$SQL_EVERY" \
         -v jf="$file" -v sf="$sqlf" -v poison_every="$((POISON ? TASKS / POISON : 0))" \
-        -v npoison="$POISON" -v hostile_pm="$HOSTILE" '
+        -v npoison="$POISON" -v hostile_pm="$HOSTILE" -v blocks="$BLOCKS" -v tasks="$TASKS" '
       BEGIN {
         srand(seed); nj = 0; ns = 0
         printf "" > jf; printf "" > sf
@@ -303,6 +309,11 @@ producer() {
         for (n = lo; n <= hi; n++) {
           tenant = (rand() < 0.5) ? "ta" : "tb"
           shard = sprintf("s%02d", int(rand() * 25))
+          if (blocks) {
+            lane = int((n - 1) * 50 / tasks)
+            tenant = (lane % 2) ? "tb" : "ta"
+            shard = sprintf("s%02d", int(lane / 2))
+          }
           fatal = (rand() < 0.005) ? "true" : "false"
           # Poison tasks: evenly spread, kill and wedge in turn, the default max_crashes (3).
           hostile = ""; crashes = 100
@@ -389,6 +400,27 @@ terminate_backends() {
   ev terminate_backend "$all" "$what"
 }
 
+# hand_flip: a random pending head is set dead by hand, then pending again a moment later, in
+# separate transactions (as an operator would): its shard is handed over and back by the
+# heads' triggers, and the task still ends done.
+hand_flip() {
+  [[ -z $PG_FROZEN ]] || return 0
+  local id
+  id=$(psql_q -c "UPDATE agent_work_queue q SET status = 'dead', updated_at = now()
+                   FROM (SELECT id FROM agent_work_queue WHERE is_head ORDER BY random() LIMIT 1) h
+                  WHERE q.id = h.id AND q.status = 'pending' RETURNING q.id" 2>/dev/null) || return 0
+  [[ -n $id ]] || return 0
+  sleep 0.2
+  local i
+  for ((i = 0; i < 40; i++)); do   # the server may be restarting: the task must come back
+    timeout 5 psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
+      -c "UPDATE agent_work_queue SET status = 'pending', updated_at = now()
+           WHERE id = $id AND status = 'dead'" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  ev hand_flip server "task $id dead and back"
+}
+
 # poison_kill: whichever worker holds a leased "kill" poison task is killed -9 at once (the
 # stand-in for a payload that crashes any process that runs it), and restarted after 0.5 s.
 poison_kill() {
@@ -442,8 +474,10 @@ fault() {
     kill -TERM "${W_PID[PICKED]}"
     ev sigterm "${W_NAME[PICKED]}"
     W_STATE[PICKED]=draining W_UNTIL[PICKED]=$((now + 30000000))
-  elif ((r < 94)); then                        # one backend of some worker
+  elif ((r < 91)); then                        # one backend of some worker
     terminate_backends one
+  elif ((r < 94)); then                        # a status changed by hand, and back
+    hand_flip
   else                                         # every leash backend at once
     terminate_backends all
   fi

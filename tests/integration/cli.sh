@@ -252,7 +252,7 @@ case_migrate_leaves_only_the_current_functions() {
   # 011 brought the claim and the settle back as functions the cycle calls (plpgsql keeps
   # their plans per session, unlike 004's SQL functions): one of each, no older overloads.
   assert_contains "one claim" "$fns" $'agent_work_queue_claim/1\n'
-  assert_contains "one settle" "$fns" $'agent_work_queue_settle/1\n'
+  assert_contains "one settle" "$fns" $'\nagent_work_queue_settle/1'
   assert_contains "one cycle" "$fns" $'agent_work_queue_cycle/1\n'
   assert_contains "one reap" "$fns" $'agent_work_queue_reap/1\n'
   assert_contains "one release" "$fns" $'agent_work_queue_release/1\n'
