@@ -71,10 +71,11 @@ struct dispatcher {
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt;                   /* moving average (s) of the cycle's round trip */
-  /* The run times of the last RECENT_RUNS tasks (a ring) and their upper quartile, the
-     ready buffer's measure of a typical task: one that mixes 2 ms and 150 ms tasks is sized
-     by the 150 ms ones, so it does not claim ahead for the short ones while the long ones
-     hold the slots. */
+  /* The run times of the last RECENT_RUNS tasks (a ring) and the longest of them, the
+     ready buffer's measure of a task: a mix of 2 ms and 150 ms tasks is sized by the 150 ms
+     ones (an upper quartile was not enough: a quarter of long ones left windows of short
+     ones, and the buffer grew to 8 per slot), so it does not claim ahead for the short ones
+     while long ones hold the slots; only runs of uniformly short tasks are buffered. */
   double recent[RECENT_RUNS];
   int nrecent, recent_next;
   double typical_duration;          /* 0 until a task has run */
@@ -715,35 +716,31 @@ static long long log_progress(struct dispatcher *d, long long before)
   return settled;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Records a run time and recomputes the upper quartile of the recent ones. */
+/* Records a run time and recomputes the longest of the recent ones. */
 static void note_duration(struct dispatcher *d, double seconds)
 {
   d->recent[d->recent_next] = seconds > 1e-6 ? seconds : 1e-6;
   d->recent_next = (d->recent_next + 1) % RECENT_RUNS;
   if (d->nrecent < RECENT_RUNS)
     d->nrecent++;
-  double sorted[RECENT_RUNS];
-  memcpy(sorted, d->recent, (size_t)d->nrecent * sizeof sorted[0]);
-  qsort(sorted, (size_t)d->nrecent, sizeof sorted[0], cmp_double);
-  d->typical_duration = sorted[(d->nrecent * 3) / 4];
+  double longest = 0;
+  for (int i = 0; i < d->nrecent; i++)
+    longest = d->recent[i] > longest ? d->recent[i] : longest;
+  d->typical_duration = longest;
 }
 
 /* How many claimed-but-not-started tasks to keep so slots never wait for a round trip:
-   enough for what the slots finish during two round trips, from the typical task duration
-   (the upper quartile of recent ones) and round-trip time; 0 for long tasks, where a buffered task would only
+   enough for what the slots finish during two round trips, from the task duration (the
+   longest of the recent ones) and round-trip time; 0 for long tasks, where a buffered task would only
    wait. Never more than READY_PER_SLOT per slot, however short the tasks, so that leases
    spread over pods and a pod that dies strands few (issue #14): tasks of a few ms with a
    round trip of 1 ms come to about one per slot, and only tasks far shorter than a round
    trip (no-ops) reach the cap. */
 static int ready_target(const struct dispatcher *d)
 {
-  if (d->typical_duration <= 0 || d->avg_rtt <= 0)
+  /* Nothing is buffered before a full window of run times: the first few tasks (and the
+     first round trips, slowed by planning) say little about the rest. */
+  if (d->nrecent < RECENT_RUNS || d->avg_rtt <= 0)
     return 0;
   double x = 2.0 * d->h->cfg->concurrency * d->avg_rtt / d->typical_duration;
   if (x < 1)
