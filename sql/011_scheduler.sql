@@ -163,20 +163,25 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
 BEGIN
+  -- Each shard's next pending row first (one probe; most settled shards, a task's own
+  -- `task:<id>`, have none), then the two checks for the shards that have one.
+  WITH n AS MATERIALIZED (
+    SELECT k.tenant_id, k.shard_key, p.id
+      FROM (SELECT DISTINCT u.tenant_id, u.shard_key
+              FROM unnest(p_tenants, p_shards) AS u(tenant_id, shard_key)) k
+      CROSS JOIN LATERAL (
+        SELECT t.id FROM {{table}} t
+         WHERE t.tenant_id = k.tenant_id AND t.shard_key = k.shard_key AND t.status = 'pending'
+         ORDER BY t.run_after, t.id
+         LIMIT 1) p)
   UPDATE {{table}} q SET is_head = true
-    FROM (SELECT DISTINCT k.tenant_id, k.shard_key
-            FROM unnest(p_tenants, p_shards) AS k(tenant_id, shard_key)) k
-    CROSS JOIN LATERAL (
-      SELECT p.id FROM {{table}} p
-       WHERE p.tenant_id = k.tenant_id AND p.shard_key = k.shard_key AND p.status = 'pending'
-       ORDER BY p.run_after, p.id
-       LIMIT 1) n
+    FROM n
    WHERE q.id = n.id AND q.is_head IS NOT TRUE
      AND NOT EXISTS (SELECT 1 FROM {{table}} o
-                      WHERE o.tenant_id = k.tenant_id AND o.shard_key = k.shard_key
+                      WHERE o.tenant_id = n.tenant_id AND o.shard_key = n.shard_key
                         AND o.is_head)
      AND NOT EXISTS (SELECT 1 FROM {{table}} o
-                      WHERE o.tenant_id = k.tenant_id AND o.shard_key = k.shard_key
+                      WHERE o.tenant_id = n.tenant_id AND o.shard_key = n.shard_key
                         AND o.status = 'leased');
 END $$;
 

@@ -156,7 +156,8 @@ case_plain_sql_producers_racing_the_workers_keep_exclusion() {
   assert_no_sanitizer_reports
 }
 
-# A producer inserts into a busy shard and keeps its transaction open for ~1 s past the end
+# A producer inserts into a busy shard (its task runs 3 s, so the insert lands while it runs
+# even on a loaded machine) and keeps its transaction open for ~1 s past the end
 # of the running task: that task's settle cannot take the shard's hand-over lock, so the host
 # writes it again later ('settle again', src/dispatch.c). It completes once the producer
 # commits; the producer's row then runs, after it; other shards ran on meanwhile.
@@ -164,7 +165,7 @@ case_producer_holding_a_busy_shard_open_delays_the_settle_and_loses_nothing() {
   sched_setup
   local held
   held=$(q "insert into $QT (tenant_id, shard_key, payload)
-            values ('t', 'held', '{\"min\":0.5,\"max\":0.5}') returning id")
+            values ('t', 'held', '{\"min\":3,\"max\":3}') returning id")
   seq 0 799 | awk '{ printf "{\"tenant_id\":\"t\",\"shard_key\":\"f%d\",\"payload\":{\"min\":0.005,\"max\":0.01}}\n", $1 % 8 }' \
     >"$T_TMP/filler.jsonl"
   enqueue_file "$T_TMP/filler.jsonl" 800
