@@ -22,9 +22,9 @@
 # globals) and must be done in the end. Other tasks carry max_crashes 100: the chaos's own
 # kills are crashes too, and must not quarantine an innocent task.
 #
-# --blocks enqueues the 50 lanes (2 tenants x 25 shards) one after the other, each lane's
-# tasks together, instead of at random: the shard-by-shard order the scheduler's heads exist
-# for (sql/011). The driver also changes statuses by hand now and then (a pending head set
+# --blocks enqueues each chunk lane by lane (2 tenants x 25 shards), a lane's tasks
+# together, instead of at random: the shard-by-shard order the scheduler's heads exist for
+# (sql/011), with every lane still getting work all along. The driver also changes statuses by hand now and then (a pending head set
 # dead, then pending again, in two transactions), which the heads' triggers must survive.
 #
 # Everything is its own: a throwaway cluster (scripts/pg.sh), the mock LLM
@@ -310,7 +310,7 @@ producer() {
           tenant = (rand() < 0.5) ? "ta" : "tb"
           shard = sprintf("s%02d", int(rand() * 25))
           if (blocks) {
-            lane = int((n - 1) * 50 / tasks)
+            lane = int((n - lo) * 50 / (hi - lo + 1))
             tenant = (lane % 2) ? "tb" : "ta"
             shard = sprintf("s%02d", int(lane / 2))
           }
