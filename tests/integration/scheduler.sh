@@ -650,7 +650,10 @@ case_a_zombie_with_the_same_worker_id_writes_nothing_after_requeue() {
 # some shards wait with a pending head at any moment); returns once the workers are under way. Each case then changes rows by hand while they run.
 hand_setup() {
   sched_setup
-  seq 0 179 | awk '{ printf "{\"tenant_id\":\"t\",\"shard_key\":\"s%d\",\"payload\":{\"min\":0.02,\"max\":0.04}}\n", int($1 / 9) }' \
+  # HAND_SLOW=sN: that shard's tasks take 1 s each, from the start (a case that needs one of
+  # them running must not race the lane's draining on a loaded machine).
+  seq 0 179 | awk -v slow="${HAND_SLOW:-}" '{ k = "s" int($1 / 9); d = (k == slow) ? "1,\"max\":1" : "0.02,\"max\":0.04"
+      printf "{\"tenant_id\":\"t\",\"shard_key\":\"%s\",\"payload\":{\"min\":%s}}\n", k, d }' \
     >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 180
   local w
@@ -740,10 +743,9 @@ case_a_head_moved_into_a_shard_with_a_head_runs_with_it() {
 # a stuck task) makes the row its shard's head: it runs again; the first run's settle finds
 # the row re-leased or done by then and writes nothing over it.
 case_a_leased_row_made_pending_by_hand_runs_again() {
-  hand_setup
+  HAND_SLOW=s2 hand_setup
   local id
-  q "update $QT set payload = '{\"min\":1,\"max\":1}' where shard_key = 's2' and status = 'pending'" >/dev/null
-  wait_for "a 1 s task of s2 to be running" 10 q_true \
+  wait_for "a 1 s task of s2 to be running" 20 q_true \
     "select count(*) = 1 from $QT q join execs e on e.task_id = q.id
       where q.shard_key = 's2' and q.status = 'leased' and e.finished is null
         and e.started > clock_timestamp() - interval '0.5 s'"
