@@ -273,7 +273,9 @@ static void take_turn(struct dispatcher *d, struct turn *t)
   }
 }
 
-/* An outcome to write again shortly (SETTLED_AGAIN): its lease is still held and renewed. */
+/* An outcome to write again shortly (SETTLED_AGAIN): its lease is still held and renewed.
+   Should a drain's deadline come while a producer still holds its shard, the lease is given
+   back with the others (release_running) and the task runs again elsewhere: at least once. */
 static void settle_later(struct dispatcher *d, struct task *t)
 {
   if (!d->again)
