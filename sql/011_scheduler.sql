@@ -16,8 +16,8 @@
 --
 -- Keeping heads right, with the table as the API:
 --   * INSERT and COPY (plain SQL included): a row trigger makes a new row a head unless its
---     shard already has one or a lease (rows the same statement inserted before it count:
---     a row trigger sees them). A row that is not, behind work committed before it, makes
+--     shard has a lease, or a head older than it by (run_after, id); a younger head gives
+--     way (rows the same statement inserted before it count: a row trigger sees them). A row that is not, behind work committed before it, makes
 --     its producer hold the shard's hand-over lock (shared, below) until it commits: the
 --     statement trigger takes it, then looks again.
 --   * The hand-over: a settle (done, dead, or retry) makes the shard's oldest pending row the
@@ -26,9 +26,10 @@
 --     this lease has committed by then, so its row is seen. When a producer still holds the
 --     lock, the settle is not written now: the host writes it again a moment later (status
 --     'leased' in the answer). Nothing waits for a producer's transaction.
---   * A row made pending by hand (requeue, `UPDATE ... SET status = 'pending'`) becomes a
---     head; a head or a lease that leaves by hand (status changed, row deleted) hands over
---     (row triggers; the queue's own functions run with leash.internal = on, which they skip).
+--   * A row made pending by hand (requeue, `UPDATE ... SET status = 'pending'`), or moved to
+--     another shard, becomes a head when that shard has none; a head or a lease that leaves
+--     by hand (status, tenant or shard changed, row deleted) hands over (row triggers; the
+--     queue's own functions run with leash.internal = on, which they skip).
 --   * <table>_repair_heads finds shards with pending rows but neither a head nor a lease (a
 --     restore with triggers disabled, a hand-made change racing a producer): migrate runs it,
 --     and the reaper every few minutes.
@@ -36,8 +37,8 @@
 -- Fair shares. <table>_tenants holds weights (default 1; `leash tenant set`). A claim walks
 -- the tenants that have heads in a ring (tenant_id order, wrapping) from the claiming
 -- process's position (passed in and returned: no shared row is written per claim, claims
--- never wait for each other), taking up to weight x quantum heads from each: deficit round
--- robin. Every process divides its claims by weight, so the fleet does. Within a tenant:
+-- never wait for each other), taking a turn of up to weight x 16 heads from each: deficit
+-- round robin. Every process divides its claims by weight, so the fleet does. Within a tenant:
 -- higher priority first, then the oldest head.
 
 ALTER TABLE {{table}}
