@@ -166,9 +166,11 @@ case_producer_holding_a_busy_shard_open_delays_the_settle_and_loses_nothing() {
   local held
   held=$(q "insert into $QT (tenant_id, shard_key, payload)
             values ('t', 'held', '{\"min\":3,\"max\":3}') returning id")
-  seq 0 799 | awk '{ printf "{\"tenant_id\":\"t\",\"shard_key\":\"f%d\",\"payload\":{\"min\":0.005,\"max\":0.01}}\n", $1 % 8 }' \
+  # 8 filler lanes of 200 tasks of 20-30 ms: about 5 s each, so they still run while the
+  # producer holds the shard (from the held task's end, at 3 s, for 1 s).
+  seq 0 1599 | awk '{ printf "{\"tenant_id\":\"t\",\"shard_key\":\"f%d\",\"payload\":{\"min\":0.02,\"max\":0.03}}\n", $1 % 8 }' \
     >"$T_TMP/filler.jsonl"
-  enqueue_file "$T_TMP/filler.jsonl" 800
+  enqueue_file "$T_TMP/filler.jsonl" 1600
   local w
   for w in A B; do
     start_worker "$w" "$FIX/record.lua" --concurrency 4 --poll-ms 10-50
@@ -192,7 +194,7 @@ commit;
 SQL
   local prod=$!
   wait "$prod" || fail "the producer failed: $(cat "$T_TMP/producer.out")"
-  drain_checking "802 tasks done" 30 "done=802"
+  drain_checking "1,602 tasks done" 60 "done=1602"
   stop_workers A B
   assert_eq "the held task's row just before the producer's commit (settle not written)" \
     "$(q "select note from marks where what = 'commit'")" leased
@@ -209,7 +211,7 @@ SQL
            where m.what = 'commit' and h.task_id = $held and e.shard <> 'held'
              and e.finished > h.finished and e.finished < m.at")" t
   assert_eq "executions / distinct tasks executed" \
-    "$(q 'select count(*) || $$/$$ || count(distinct task_id) from execs')" "802/802"
+    "$(q 'select count(*) || $$/$$ || count(distinct task_id) from execs')" "1602/1602"
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
   assert_no_sanitizer_reports
 }
@@ -683,10 +685,9 @@ case_a_pending_head_set_dead_by_hand_hands_its_shard_over() {
 # is handed over at once, so its next task may run beside the one still running: exclusion
 # is only checked for the others.
 case_a_leased_row_set_done_by_hand_while_its_worker_runs_hands_over() {
-  hand_setup
+  HAND_SLOW=s2 hand_setup
   local id
-  q "update $QT set payload = '{\"min\":1,\"max\":1}' where shard_key = 's2' and status = 'pending'" >/dev/null
-  wait_for "a 1 s task of s2 to be running" 10 q_true \
+  wait_for "a 1 s task of s2 to be running" 20 q_true \
     "select count(*) = 1 from $QT q join execs e on e.task_id = q.id
       where q.shard_key = 's2' and q.status = 'leased' and e.finished is null
         and e.started > clock_timestamp() - interval '0.5 s'"
