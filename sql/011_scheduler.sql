@@ -77,11 +77,13 @@ $$;
 
 -- ---------------------------------------------------------------- keeping heads
 
--- Before INSERT (row): is the new row its shard's head? Yes when the shard has neither a
--- lease nor a pending head, or when it is older, by (run_after, id), than the shard's head
--- (which then stops being one: a row due now does not wait behind one scheduled for later).
--- Rows inserted before it by the same statement are visible here.
-CREATE FUNCTION {{obj:heads_new_row}}() RETURNS trigger
+-- Is pending row p_id, in (p_tenant, p_shard) and due at p_run_after, its shard's head? Not
+-- while another row of the shard is leased (that lease's settle hands the shard to its oldest
+-- row) or is a head older by (run_after, id). A younger head gives way when p_take (a row due
+-- now does not wait behind one scheduled for later); only INSERT asks for that: an UPDATE's
+-- trigger must not change rows its own statement may still update (PostgreSQL refuses it).
+CREATE FUNCTION {{obj:head_decide}}(p_id bigint, p_tenant text, p_shard text,
+                                    p_run_after timestamptz, p_take boolean) RETURNS boolean
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -90,23 +92,29 @@ DECLARE
   h_run_after timestamptz;
 BEGIN
   IF EXISTS (SELECT 1 FROM {{table}} o
-              WHERE o.tenant_id = NEW.tenant_id AND o.shard_key = NEW.shard_key
-                AND o.status = 'leased') THEN
-    NEW.is_head := false;      -- the lease's settle hands the shard to its oldest row
-    RETURN NEW;
+              WHERE o.tenant_id = p_tenant AND o.shard_key = p_shard AND o.status = 'leased'
+                AND o.id <> p_id) THEN
+    RETURN false;
   END IF;
   SELECT o.id, o.run_after INTO h_id, h_run_after FROM {{table}} o
-   WHERE o.tenant_id = NEW.tenant_id AND o.shard_key = NEW.shard_key AND o.is_head
+   WHERE o.tenant_id = p_tenant AND o.shard_key = p_shard AND o.is_head AND o.id <> p_id
    ORDER BY o.run_after, o.id
    LIMIT 1;
   IF h_id IS NULL THEN
-    NEW.is_head := true;
-  ELSIF (NEW.run_after, NEW.id) < (h_run_after, h_id) THEN
-    UPDATE {{table}} SET is_head = false WHERE id = h_id AND is_head;
-    NEW.is_head := true;
-  ELSE
-    NEW.is_head := false;
+    RETURN true;
   END IF;
+  IF p_take AND (p_run_after, p_id) < (h_run_after, h_id) THEN
+    UPDATE {{table}} SET is_head = false WHERE id = h_id AND is_head;
+    RETURN true;
+  END IF;
+  RETURN false;
+END $$;
+
+-- Before INSERT (row): is the new row its shard's head? Rows inserted before it by the same
+-- statement are visible here, so a block of one shard gets one head, its oldest.
+CREATE FUNCTION {{obj:heads_new_row}}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.is_head := {{obj:head_decide}}(NEW.id, NEW.tenant_id, NEW.shard_key, NEW.run_after, true);
   RETURN NEW;
 END $$;
 CREATE TRIGGER {{name:heads_new_row}} BEFORE INSERT ON {{table}}
@@ -190,19 +198,14 @@ END $$;
 -- A row made pending, or a pending row moved to another tenant or shard, becomes a head when
 -- its shard has neither a head nor a lease (rows an UPDATE processed before it are visible to
 -- this trigger, so a bulk requeue of one shard makes one head); a head that leaves pending
--- stops being one (leash_head_is_pending). A
--- head or a lease that leaves (status, tenant or shard changed, row deleted) then hands its
--- shard over. These take no hand-over lock: a race with a producer is left to repair_heads.
+-- stops being one (leash_head_is_pending). A head or a lease that leaves (status, tenant or
+-- shard changed, row deleted) then hands its shard over. These take no hand-over lock: a
+-- race with a producer is left to repair_heads.
 CREATE FUNCTION {{obj:heads_by_hand}}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF NEW.status <> 'pending' THEN
-    NEW.is_head := false;
-  ELSE
-    NEW.is_head := NOT EXISTS (SELECT 1 FROM {{table}} o
-                                WHERE o.tenant_id = NEW.tenant_id
-                                  AND o.shard_key = NEW.shard_key
-                                  AND o.id <> NEW.id AND (o.status = 'leased' OR o.is_head));
-  END IF;
+  NEW.is_head := NEW.status = 'pending'
+                 AND {{obj:head_decide}}(NEW.id, NEW.tenant_id, NEW.shard_key, NEW.run_after,
+                                         false);
   RETURN NEW;
 END $$;
 CREATE TRIGGER {{name:heads_by_hand}} BEFORE UPDATE OF status, tenant_id, shard_key ON {{table}}

@@ -620,6 +620,8 @@ case_a_zombie_with_the_same_worker_id_writes_nothing_after_requeue() {
   local row
   row=$(q "select lease_owner || '|' || attempts || '|' || (lease_token <> $tok1)::text::char from $QT where id = $id")
   assert_eq "the live lease (owner|attempts|new token)" "$row" "W|1|t"
+  local tok2
+  tok2=$(q "select lease_token from $QT where id = $id")
   wait_for "Z's 2 s of work to be over" 10 q_true \
     "select clock_timestamp() > min(started) + interval '2.3 s' from execs where task_id = $id"
   kill -CONT "${W_PID[Z]}"
@@ -628,9 +630,8 @@ case_a_zombie_with_the_same_worker_id_writes_nothing_after_requeue() {
   kill -TERM "${W_PID[Z]}"
   assert_worker_exit Z 20 0
   # Y still runs (its 6 s): nothing of Z's may be in the database.
-  assert_eq "Y still holds the task when Z is gone" \
-    "$(q "select status || '|' || lease_token from $QT where id = $id")" \
-    "leased|$(q "select lease_token from $QT where id = $id")"
+  assert_eq "Y still holds the task, with its own token, when Z is gone" \
+    "$(q "select status || '|' || lease_token from $QT where id = $id")" "leased|$tok2"
   assert_eq "steps stored while Y runs (Z's would be the only one)" \
     "$(q "select count(*) from ${QT}_steps where task_id = $id")" 0
   assert_eq "children enqueued while Y runs" "$(q "select count(*) from $QT where id <> $id")" 0
@@ -665,6 +666,16 @@ hand_setup() {
   wait_for "the workers to be under way" 20 q_true "select count(*) >= 10 from $QT where status = 'done'"
 }
 
+# s2_running_slow: hand_setup with 1 s tasks in s2, returning once one of them has just
+# started (a case can then change that lease by hand while it runs).
+s2_running_slow() {
+  HAND_SLOW=s2 hand_setup
+  wait_for "a 1 s task of s2 to be running" 20 q_true \
+    "select count(*) = 1 from $QT q join execs e on e.task_id = q.id
+      where q.shard_key = 's2' and q.status = 'leased' and e.finished is null
+        and e.started > clock_timestamp() - interval '0.5 s'"
+}
+
 # by_hand DESC SQL: runs SQL (an UPDATE/DELETE ... RETURNING 1 of the row `where $HEAD`, a
 # pending head of some shard, which a claim may take first) until it changed one row.
 HEAD="is_head and id = (select id from $QT where is_head and shard_key like 's%' order by id limit 1)"
@@ -685,12 +696,8 @@ case_a_pending_head_set_dead_by_hand_hands_its_shard_over() {
 # is handed over at once, so its next task may run beside the one still running: exclusion
 # is only checked for the others.
 case_a_leased_row_set_done_by_hand_while_its_worker_runs_hands_over() {
-  HAND_SLOW=s2 hand_setup
+  s2_running_slow
   local id
-  wait_for "a 1 s task of s2 to be running" 20 q_true \
-    "select count(*) = 1 from $QT q join execs e on e.task_id = q.id
-      where q.shard_key = 's2' and q.status = 'leased' and e.finished is null
-        and e.started > clock_timestamp() - interval '0.5 s'"
   id=$(q "update $QT set status = 'done', last_error = 'by hand' where shard_key = 's2' and status = 'leased' returning id")
   [[ -n $id ]] || fail "no leased row of s2 to set done"
   assert_heads_invariant "right after"
@@ -744,12 +751,8 @@ case_a_head_moved_into_a_shard_with_a_head_runs_with_it() {
 # a stuck task) makes the row its shard's head: it runs again; the first run's settle finds
 # the row re-leased or done by then and writes nothing over it.
 case_a_leased_row_made_pending_by_hand_runs_again() {
-  HAND_SLOW=s2 hand_setup
+  s2_running_slow
   local id
-  wait_for "a 1 s task of s2 to be running" 20 q_true \
-    "select count(*) = 1 from $QT q join execs e on e.task_id = q.id
-      where q.shard_key = 's2' and q.status = 'leased' and e.finished is null
-        and e.started > clock_timestamp() - interval '0.5 s'"
   id=$(q "update $QT set status = 'pending', attempts = 0 where shard_key = 's2' and status = 'leased' returning id")
   [[ -n $id ]] || fail "no leased row of s2 to give back"
   assert_heads_invariant "right after"
