@@ -11,6 +11,43 @@
 /* lua_CFunction: pushes the http table ({ request = f }); api_http.c. */
 int api_http_open(lua_State *L);
 
+/* Budgets (api_budget.c; sql/014_budgets.sql). */
+struct budget_hold;
+struct budget_call {
+  const char *name;
+  long long id;                 /* the grant's call id; -1: none (covered by a hold, or over) */
+  struct budget_hold *hold;     /* the open leash.budget.hold that covers the call, or NULL */
+};
+
+/* lua_CFunction: pushes the budget table ({ hold = f, pause = f }). */
+int api_budget_open(lua_State *L);
+
+/* lua_CFunction: leash.usage{...}. */
+int api_usage(lua_State *L);
+
+/* [-0, +0, v] The budget name at idx, checked (1..200 bytes, no controls), or raises. */
+const char *api_budget_name(lua_State *L, int idx, const char *what);
+
+/* [-0, +0, v] Waits for a grant of one call of budget name (tokens: the estimate, 0 when
+   unknown; held in flight for at most hold_s seconds), or finds the open hold that covers
+   it. Raises on a database error, a lost lease, a stop; yields the task (taskctx_yield)
+   when the grant is further away than --budget-wait or the task's time left. name must
+   outlive bc. */
+void api_budget_begin(lua_State *L, const char *what, const char *name, long long tokens,
+                      double hold_s, struct budget_call *bc);
+
+/* [-0, +0, -] The call is over: used its tokens (-1: unknown, the estimate stands);
+   pause_s >= 0 pauses the budget for the fleet that long with reason (a refusal). Never
+   raises: a failure is logged (the call's hold runs out by itself). 0 or -1. */
+int api_budget_end(lua_State *L, struct budget_call *bc, long long used, double pause_s,
+                   const char *reason);
+
+/* [-0, +0, v] The provider refused the call (429/503) and asked for wait_s: pauses the budget
+   for the fleet and yields the task until then (spending no slot meanwhile). from names the
+   provider (scheme://host[:port]). Does not return. */
+void api_budget_refused(lua_State *L, struct budget_call *bc, double wait_s, const char *from)
+  __attribute__((noreturn));
+
 /* lua_CFunction: pushes the module table. */
 int api_leash_open(lua_State *L);
 

@@ -2,23 +2,31 @@
  * api_http: leash.http.request on libcurl. Blocking, bounded by its own timeout and the
  * task's deadline; aborted mid-transfer when the lease is lost or the worker stops (the
  * progress callback reads the flags). Transport failures raise; any HTTP status is an
- * answer, not an error (a 429 or 500 is the script's to judge). TLS verification is on.
+ * answer, not an error (a 429 or 500 is the script's to judge), except on a call that names
+ * a budget (api_budget.c): it is granted first, its answer's usage is recorded, and a 429 or
+ * 503 pauses the budget for the fleet for as long as the provider asked; the call is sent
+ * again after the pause when that is within --budget-wait (at most BUDGET_RESENDS times),
+ * else the task yields until then. TLS verification is on.
  * Requests and their headers are never logged (they carry API keys).
  */
 #include "api.h"
 
 #include "task_context.h"
 #include "buf.h"
+#include "provider.h"
 
 #include <curl/curl.h>
 #include <lauxlib.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define HTTP_CALL_MT "leash.HttpCall"
 #define HTTP_DEFAULT_TIMEOUT 30.0
 #define HTTP_MAX_BODY (64u * 1024 * 1024)
+#define BUDGET_RESENDS 3
+#define BUDGET_DEFAULT_PAUSE_S 5.0   /* a refusal that says nothing of when to come back */
 
 /* Everything a request owns, in a userdata, so the GC frees it on every path. */
 struct http_call {
@@ -55,7 +63,8 @@ int api_http_open(lua_State *L)
   return 1;
 }
 
-/* leash.http.request{method, url, headers, body, timeout} → {status, headers, body}. */
+/* leash.http.request{method, url, headers, body, timeout, budget, tokens} →
+   {status, headers, body}. */
 static int l_request(lua_State *L)
 {
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -91,10 +100,21 @@ static int l_request(lua_State *L)
   lua_getfield(L, 1, "headers");                  /* 6 */
   if (!lua_isnil(L, 6))
     luaL_checktype(L, 6, LUA_TTABLE);
+  lua_getfield(L, 1, "budget");                   /* 7 */
+  const char *budget = lua_isnil(L, 7) ? NULL : api_budget_name(L, 7, "leash.http.request");
+  lua_getfield(L, 1, "tokens");                   /* 8 */
+  long long tokens = 0;
+  if (!lua_isnil(L, 8)) {
+    int ok;
+    lua_Integer n = lua_tointegerx(L, 8, &ok);
+    if (!ok || n < 0)
+      return luaL_argerror(L, 1, "tokens must be an integer >= 0 (the call's estimate)");
+    tokens = (long long)n;
+  }
   taskctx_check_live(L, "leash.http.request");
 
   const struct task_ctx *ctx = taskctx_of(L);
-  struct http_call *call = lua_newuserdatauv(L, sizeof *call, 0);   /* 7 */
+  struct http_call *call = lua_newuserdatauv(L, sizeof *call, 0);   /* 9 */
   memset(call, 0, sizeof *call);
   luaL_setmetatable(L, HTTP_CALL_MT);
   call->task = ctx->task;
@@ -163,20 +183,47 @@ static int l_request(lua_State *L)
   curl_easy_setopt(c, CURLOPT_XFERINFODATA, call);
   curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, "");
 
-  CURLcode rc = curl_easy_perform(c);
-  if (rc != CURLE_OK) {
-    char where[256];
-    describe_url(url, where, sizeof where);
-    if (call->aborted)
-      return luaL_error(L, "leash.http.request: %s (%s %s)", call->aborted, method, where);
-    if (call->too_big)
-      return luaL_error(L, "leash.http.request: response body over %d MB (%s %s)",
-                        (int)(HTTP_MAX_BODY >> 20), method, where);
-    return luaL_error(L, "leash.http.request: %s%s%s (%s %s)", curl_easy_strerror(rc),
-                      errbuf[0] ? ": " : "", errbuf, method, where);
-  }
+  char where[256];
+  describe_url(url, where, sizeof where);
+  struct budget_call bc = { .id = -1 };
   long status = 0;
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  for (int resends = 0;; resends++) {
+    if (budget)
+      api_budget_begin(L, "leash.http.request", budget, tokens, timeout + 30, &bc);
+    call->body.len = call->head.len = 0;
+    CURLcode rc = curl_easy_perform(c);
+    if (rc != CURLE_OK) {
+      if (budget)
+        api_budget_end(L, &bc, -1, -1, NULL);
+      if (call->aborted)
+        return luaL_error(L, "leash.http.request: %s (%s %s)", call->aborted, method, where);
+      if (call->too_big)
+        return luaL_error(L, "leash.http.request: response body over %d MB (%s %s)",
+                          (int)(HTTP_MAX_BODY >> 20), method, where);
+      return luaL_error(L, "leash.http.request: %s%s%s (%s %s)", curl_easy_strerror(rc),
+                        errbuf[0] ? ": " : "", errbuf, method, where);
+    }
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (!budget)
+      break;
+    if (status != 429 && status != 503) {
+      api_budget_end(L, &bc, provider_usage(call->body.s, call->body.len, NULL, 0), -1, NULL);
+      break;
+    }
+    double wait = provider_wait_s(call->head.s, call->head.len, time(NULL));
+    if (wait < 0)
+      wait = BUDGET_DEFAULT_PAUSE_S;
+    if (wait < 0.1)
+      wait = 0.1;
+    const struct task_ctx *now = taskctx_of(L);
+    if (bc.hold || resends >= BUDGET_RESENDS || wait > now->host->budget_wait_s ||
+        wait >= taskctx_time_left(now))
+      api_budget_refused(L, &bc, wait, where);
+    /* Paused for the fleet; the next grant waits the pause out, then the call goes again. */
+    char reason[300];
+    snprintf(reason, sizeof reason, "refused by %s", where);
+    api_budget_end(L, &bc, -1, wait, reason);
+  }
   lua_createtable(L, 0, 3);
   lua_pushinteger(L, status);
   lua_setfield(L, -2, "status");

@@ -50,7 +50,8 @@ int api_leash_open(lua_State *L)
 {
   static const luaL_Reg funcs[] = {
     { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "now", l_now },
-    { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue }, { NULL, NULL },
+    { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue }, { "usage", api_usage },
+    { NULL, NULL },
   };
   static const luaL_Reg db[] = { { "query", l_db_query }, { NULL, NULL } };
   static const luaL_Reg logf[] = {
@@ -64,6 +65,8 @@ int api_leash_open(lua_State *L)
   lua_setfield(L, -2, "json");
   api_http_open(L);
   lua_setfield(L, -2, "http");
+  api_budget_open(L);
+  lua_setfield(L, -2, "budget");
   luaL_newlib(L, db);
   lua_setfield(L, -2, "db");
   luaL_newlib(L, logf);
@@ -174,38 +177,8 @@ static int l_sleep(lua_State *L)
   lua_Number secs = luaL_checknumber(L, 1);
   luaL_argcheck(L, secs >= 0 && isfinite(secs), 1, "seconds must be >= 0");
   const struct task_ctx *ctx = taskctx_of(L);
-  const struct script_host *h = ctx->host;
   struct task *t = ctx->task;
-  double end = task_now() + secs;
-  int over = 0;
-  pthread_mutex_lock(h->wake_mu);
-  for (;;) {
-    if ((t && !task_lease_alive(t)) || atomic_load(h->stopping))
-      break;
-    double now = task_now();
-    if (taskctx_time_left(ctx) <= 0) {
-      over = 1;
-      break;
-    }
-    if (now >= end)
-      break;
-    double until = end;
-    if (ctx->deadline > 0 && ctx->deadline < until)
-      until = ctx->deadline;
-    if (t && atomic_load(&t->lease_deadline) < until)
-      until = atomic_load(&t->lease_deadline);   /* wake to notice a lease running out */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double wait = until - now;
-    ts.tv_sec += (time_t)wait;
-    ts.tv_nsec += (long)((wait - floor(wait)) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(h->wake_cv, h->wake_mu, &ts);
-  }
-  pthread_mutex_unlock(h->wake_mu);
+  int over = taskctx_sleep(ctx, secs);
   if (over)
     return luaL_error(L, "task timed out (--task-timeout)");
   if (t)

@@ -38,6 +38,9 @@ static const char run_usage[] =
   "                        never above --lua-memory; a larger result is a retry)\n"
   "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
   "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz\n"
+  "  --budget-wait S       the longest a slot waits for a budget grant (paused or full)\n"
+  "                        before the task gives its slot back and runs again after the\n"
+  "                        wait, spending no attempt (default 30s; 0 = never wait)\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n"
   "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
   "--watchdog-grace after --task-timeout (only with one), or after its lease was lost, or\n"
@@ -58,7 +61,7 @@ enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
-  OPT_MAX_RESULT_BYTES,
+  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -89,13 +92,14 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
     { "metrics", required_argument, NULL, OPT_METRICS },
     { "max-result-bytes", required_argument, NULL, OPT_MAX_RESULT_BYTES },
+    { "budget-wait", required_argument, NULL, OPT_BUDGET_WAIT },
     { NULL, 0, NULL, 0 },
   };
   long max_result = -1;
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
-    .lua_memory = 256u * 1024 * 1024,
+    .lua_memory = 256u * 1024 * 1024, .budget_wait = 30,
   };
   const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
   int ntenants = 0, opt, rc;
@@ -145,6 +149,10 @@ int cmd_run(struct cli *g, int argc, char **argv)
       break;
     case OPT_DRAIN_TIMEOUT:
       if ((rc = parse_duration_opt(g, "--drain-timeout", optarg, &cfg.drain_timeout, 0)) != 0)
+        return rc;
+      break;
+    case OPT_BUDGET_WAIT:
+      if ((rc = parse_duration_opt(g, "--budget-wait", optarg, &cfg.budget_wait, 0)) != 0)
         return rc;
       break;
     case OPT_WATCHDOG_GRACE:

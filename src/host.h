@@ -32,6 +32,7 @@ struct host_config {
   double task_timeout;          /* 0 = none */
   double drain_timeout;
   double watchdog_grace;        /* how long past a deadline a slot may take to come back */
+  double budget_wait;           /* --budget-wait: longest in-slot wait for a budget grant */
   int poll_min_ms, poll_max_ms;
   int until_empty;
   int claim_batch;              /* most rows one claim asks for */

@@ -30,6 +30,8 @@ enum outcome_cause {
   CAUSE_CRASH,         /* the worker died or froze under it: the reaper found the lease expired */
   CAUSE_QUARANTINED,   /* crashed max_crashes times: dead, never claimed again unless requeued */
   CAUSE_BAD_ROW,       /* the row could not be claimed or settled: the database's error */
+  CAUSE_BUDGET,        /* it waited for a budget (paused by a provider, or empty) longer than
+                          --budget-wait and gave its slot back: pending again after the wait */
   CAUSE_COUNT
 };
 

@@ -626,7 +626,17 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
   s->enqueue = child ? queue_insert_sql(t->qualified, child) : NULL;
   free(child);
   free(steps);
-  if (!s->step_get || !s->step_put || !s->enqueue) {
+  char *grant = db_table_object(t, c, "budget_grant", 1);
+  char *settle = db_table_object(t, c, "budget_settle", 1);
+  if (grant)
+    s->budget_grant = format_sql("SELECT granted, call_id, wait_s, why "
+                                 "FROM %s($1, $2::bigint, $3::float8)", grant);
+  if (settle)
+    s->budget_settle = format_sql("SELECT %s($1, $2::bigint, $3::bigint, $4::float8, $5)",
+                                  settle);
+  free(grant);
+  free(settle);
+  if (!s->step_get || !s->step_put || !s->enqueue || !s->budget_grant || !s->budget_settle) {
     queue_script_sql_free(s);
     return -1;
   }
@@ -638,6 +648,8 @@ void queue_script_sql_free(struct queue_script_sql *s)
   free(s->step_get);
   free(s->step_put);
   free(s->enqueue);
+  free(s->budget_grant);
+  free(s->budget_settle);
   memset(s, 0, sizeof *s);
 }
 

@@ -237,6 +237,8 @@ void script_run(struct script *s, struct task *t)
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
   } else if (s->ctx.stop_reason) {
     outcome_set(&t->out, OUTCOME_RETRY, s->ctx.stop_cause, NULL, s->ctx.stop_reason);
+    if (s->ctx.stop_delay >= 0)   /* a yield (taskctx_yield) says when to run again */
+      t->out.delay = s->ctx.stop_delay;
   } else if (c.handle_rc != LUA_OK) {
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR,
                 c.handle_rc == LUA_ERRERR ? "error while handling an error: " : NULL,

@@ -4,7 +4,11 @@
 #include "log.h"
 
 #include <lauxlib.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
+#include <time.h>
 
 static void count_hook(lua_State *L, lua_Debug *ar);
 
@@ -24,6 +28,8 @@ void taskctx_begin(lua_State *L, struct task *t, double timeout_s)
   c->task = t;
   c->deadline = timeout_s > 0 ? task_now() + timeout_s : 0;
   c->stop_reason = NULL;
+  c->stop_delay = -1;
+  c->holds = NULL;
   lua_sethook(L, count_hook, LUA_MASKCOUNT, TASKCTX_HOOK_EVERY);
 }
 
@@ -54,6 +60,8 @@ void taskctx_check_live(lua_State *L, const char *what)
 void taskctx_check_stop(lua_State *L)
 {
   struct task_ctx *c = taskctx_of(L);
+  if (c->stop_reason)
+    luaL_error(L, "%s", c->stop_reason);   /* once stopped, stopped: a pcall cannot resume */
   const char *why = NULL;
   enum outcome_cause cause = CAUSE_TIMEOUT;
   if (c->deadline > 0 && task_now() > c->deadline) {
@@ -71,6 +79,58 @@ void taskctx_check_stop(lua_State *L)
   c->stop_cause = cause;
   lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
   luaL_error(L, "%s", why);
+}
+
+void taskctx_yield(lua_State *L, enum outcome_cause cause, double delay_s, const char *fmt, ...)
+{
+  struct task_ctx *c = taskctx_of(L);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->yield_msg, sizeof c->yield_msg, fmt, ap);
+  va_end(ap);
+  c->stop_reason = c->yield_msg;
+  c->stop_cause = cause;
+  c->stop_delay = delay_s;
+  lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+  luaL_error(L, "%s", c->yield_msg);
+  abort();   /* not reached: luaL_error does not return */
+}
+
+int taskctx_sleep(const struct task_ctx *c, double secs)
+{
+  const struct script_host *h = c->host;
+  struct task *t = c->task;
+  double end = task_now() + secs;
+  int over = 0;
+  pthread_mutex_lock(h->wake_mu);
+  for (;;) {
+    if ((t && !task_lease_alive(t)) || atomic_load(h->stopping))
+      break;
+    double now = task_now();
+    if (taskctx_time_left(c) <= 0) {
+      over = 1;
+      break;
+    }
+    if (now >= end)
+      break;
+    double until = end;
+    if (c->deadline > 0 && c->deadline < until)
+      until = c->deadline;
+    if (t && atomic_load(&t->lease_deadline) < until)
+      until = atomic_load(&t->lease_deadline);   /* wake to notice a lease running out */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double wait = until - now;
+    ts.tv_sec += (time_t)wait;
+    ts.tv_nsec += (long)((wait - floor(wait)) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(h->wake_cv, h->wake_mu, &ts);
+  }
+  pthread_mutex_unlock(h->wake_mu);
+  return over;
 }
 
 /* Another thread never touches the state: it only sets the flags read here. */

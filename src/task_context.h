@@ -38,7 +38,11 @@ struct script_host {
   int ntenants;
   const char *const *lua_path;  /* folders require searches after the script's own */
   int nlua_path;
+  double budget_wait_s;         /* the longest a slot waits for a budget before it gives the
+                                   slot back (--budget-wait); 0 = never waits */
 };
+
+struct budget_hold;
 
 /* One state's context. The slot's thread alone reads and writes it. */
 struct task_ctx {
@@ -48,6 +52,9 @@ struct task_ctx {
   const char *dir;              /* the script's folder (require looks there first) */
   const char *stop_reason;      /* why taskctx_check_stop stopped the code, or NULL */
   enum outcome_cause stop_cause;
+  double stop_delay;            /* a yield's delay before the task runs again; < 0: none */
+  char yield_msg[256];          /* a yield's reason (stop_reason points here) */
+  struct budget_hold *holds;    /* leash.budget.hold blocks open (api_budget.c); NULL: none */
   /* Told of each module require reads from a file (the version hashes the modules loaded
      with the script); NULL for none. */
   void (*module_read)(struct task_ctx *c, const char *name, const char *text, size_t len);
@@ -79,6 +86,18 @@ void taskctx_check_live(lua_State *L, const char *what);
    script's own pcall cannot swallow the stop. The count hook runs it; C loops the hook
    cannot reach (the sandbox's library functions) call it themselves. */
 void taskctx_check_stop(lua_State *L);
+
+/* [-0, +0, v] Ends the run now, by the host's choice rather than the script's: raises like a
+   stop (the hook re-raises on every instruction, so a pcall cannot keep the code running)
+   and makes the outcome a retry of the given cause after delay_s seconds. For waits that
+   should not hold a slot (a budget paused for minutes). fmt is the outcome's message. */
+void taskctx_yield(lua_State *L, enum outcome_cause cause, double delay_s, const char *fmt, ...)
+  __attribute__((format(printf, 4, 5), noreturn));
+
+/* Waits secs seconds, or less when the run's deadline passes (returns 1), its lease is lost
+   or the worker stops (returns 0: the caller checks). Holds no lock a slot or the database
+   needs; woken early by the host's wake condvar. */
+int taskctx_sleep(const struct task_ctx *c, double secs);
 
 /* Fills f with the task's log fields (task_id, tenant, attempt when a task runs; worker
    always) and returns how many (at most TASKCTX_LOG_FIELDS). id and attempt hold the text

@@ -265,6 +265,58 @@ local function new_http()
   return http
 end
 
+-- ------------------------------------------------------------------ budgets
+-- The host's budgets are the database's (sql/014_budgets.sql); the kit keeps one table per
+-- name in h.budgets: { paused_until = clock, pause_reason, requests, tokens, refused }. A
+-- spec pauses one with h.budgets.openai = { paused_until = h.clock + 60 } or through
+-- h.leash.budget.pause. What the kit mirrors: a paused budget makes the call wait in the
+-- slot (the clock moves) when the pause ends within h.budget_wait (opts.budget_wait,
+-- default 30 like --budget-wait), else the task yields: out.cause "budget", out.delay the
+-- wait; a 429 or 503 on a budgeted call pauses its budget for Retry-After (seconds, or
+-- retry-after-ms; 5 s when the answer names none) and is sent again after it, three times at
+-- most, or yields. Not mirrored: rpm, tpm and concurrency limits, HTTP-date and rate-limit
+-- reset headers, the jitter on the delay.
+local BUDGET_DEFAULT_PAUSE = 5     -- BUDGET_DEFAULT_PAUSE_S (api_http.c)
+local BUDGET_MAX_WAIT = 3600       -- PROVIDER_MAX_WAIT_S (provider.h)
+local BUDGET_RESENDS = 3           -- BUDGET_RESENDS (api_http.c)
+
+local function check_budget_name(name, fname)
+  if type(name) ~= "string" or #name == 0 or #name > 200 then
+    error("bad argument to '" .. fname .. "' (a budget name must be a string of 1 to 200 bytes)", 3)
+  end
+  if name:find("[%c]") then
+    error("bad argument to '" .. fname .. "' (a budget name may not hold control characters)", 3)
+  end
+end
+
+local function budget_of(h, name)
+  local b = h.budgets[name]
+  if not b then
+    b = {}
+    h.budgets[name] = b
+  end
+  b.requests, b.tokens, b.refused = b.requests or 0, b.tokens or 0, b.refused or 0
+  return b
+end
+
+-- The run ends now by the host's choice, whatever handle does next (h:run reads h.yielded).
+local function yield(h, msg, delay)
+  h.yielded = { error = msg .. "; the task gave its slot back and runs again then", delay = delay }
+  error(h.yielded.error, 0)
+end
+
+local function wait_budget(h, name)
+  local b = budget_of(h, name)
+  local wait = (b.paused_until or 0) - h.clock
+  if wait <= 0 then return end
+  if wait > h.budget_wait then
+    yield(h, "budget '" .. name .. "' (paused: " .. (b.pause_reason or "by hand")
+          .. "): the next grant is " .. wait .. " s away, longer than --budget-wait", wait)
+  end
+  h.clock = h.clock + wait
+  h.slept = h.slept + wait
+end
+
 local function new_fake(h)
   local leash = { null = NULL }
   function leash.ok(result) return setmetatable({ kind = "ok", result = result }, OUTCOME) end
@@ -318,7 +370,7 @@ local function new_fake(h)
     end,
   }
   leash.http = {
-    request = function(req)
+    request = function(req, again)
       if type(req) ~= "table" or type(req.url) ~= "string" then
         error("bad argument #1 to 'request' (url is required)", 2)
       end
@@ -328,10 +380,19 @@ local function new_fake(h)
       if req.headers ~= nil and type(req.headers) ~= "table" then
         error("bad argument #1 to 'request' (headers must map names to strings)", 2)
       end
+      if req.budget ~= nil then check_budget_name(req.budget, "request") end
+      if req.tokens ~= nil and (math.type(req.tokens) ~= "integer" or req.tokens < 0) then
+        error("bad argument #1 to 'request' (tokens must be an integer >= 0 (the call's estimate))", 2)
+      end
       lost(h, "leash.http.request")
       local r = {}
       for k, v in pairs(req) do r[k] = v end
       r.method = (req.method or (req.body and "POST" or "GET")):upper()
+      r.resends = again and again.resends or 0
+      if req.budget ~= nil then
+        r.in_hold = h.holds[req.budget] ~= nil
+        if not r.in_hold then wait_budget(h, req.budget) end
+      end
       h.http.calls[#h.http.calls + 1] = r
       for _, handler in ipairs(h.http.handlers) do
         if (handler.method == nil or handler.method == r.method)
@@ -342,7 +403,27 @@ local function new_fake(h)
           local headers = {}
           for k, v in pairs(resp.headers or {}) do headers[k:lower()] = tostring(v) end
           if h.lease_lost then error("leash.http.request: lease lost: request aborted", 2) end
-          return { status = resp.status or 200, headers = headers, body = resp.body or "" }
+          local answer = { status = resp.status or 200, headers = headers, body = resp.body or "" }
+          if req.budget ~= nil and (answer.status == 429 or answer.status == 503) then
+            -- The host pauses the budget for the fleet and sends the call again after the
+            -- pause when that fits --budget-wait (three times at most), else the task yields.
+            local wait = tonumber(headers["retry-after-ms"]) and tonumber(headers["retry-after-ms"]) / 1000
+                         or tonumber(headers["retry-after"]) or BUDGET_DEFAULT_PAUSE
+            wait = math.max(0.1, math.min(wait, BUDGET_MAX_WAIT))
+            local b = budget_of(h, req.budget)
+            b.refused = b.refused + 1
+            b.paused_until = math.max(b.paused_until or 0, h.clock + wait)
+            r.resends = (r.resends or 0) + 1
+            if r.in_hold or r.resends > BUDGET_RESENDS or wait > h.budget_wait then
+              yield(h, "budget '" .. req.budget .. "' paused for " .. wait .. " s: refused by "
+                    .. r.url, wait)
+            end
+            return leash.http.request(req, r)
+          end
+          if req.budget ~= nil then
+            budget_of(h, req.budget).requests = budget_of(h, req.budget).requests + 1
+          end
+          return answer
         end
       end
       error("leash.http.request: no fake answer registered for " .. r.method .. " " .. r.url, 2)
@@ -393,6 +474,59 @@ local function new_fake(h)
     if rec.shard_key == nil then rec.shard_key = "task:" .. id end
     h.enqueued[#h.enqueued + 1] = rec
     return id
+  end
+  leash.budget = {
+    hold = function(name, o, fn, ...)
+      check_budget_name(name, "hold")
+      if o ~= nil and type(o) ~= "table" then error("bad argument #2 to 'hold' (table expected)", 2) end
+      if o and o.tokens ~= nil and (math.type(o.tokens) ~= "integer" or o.tokens < 0) then
+        error("bad argument #2 to 'hold' (tokens must be an integer >= 0)", 2)
+      end
+      if type(fn) ~= "function" then error("bad argument #3 to 'hold' (function expected)", 2) end
+      lost(h, "leash.budget.hold")
+      wait_budget(h, name)
+      local b = budget_of(h, name)
+      b.requests = b.requests + 1
+      local outer = h.holds[name]
+      local hold = { tokens = o and o.tokens or 0 }
+      h.holds[name] = hold
+      h.hold_stack[#h.hold_stack + 1] = hold
+      local res = table.pack(pcall(fn, ...))
+      h.hold_stack[#h.hold_stack] = nil
+      h.holds[name] = outer
+      b.tokens = b.tokens + (hold.used or hold.tokens)
+      if not res[1] then error(res[2], 0) end
+      return table.unpack(res, 2, res.n)
+    end,
+    pause = function(name, secs, reason)
+      check_budget_name(name, "pause")
+      if type(secs) ~= "number" or not (secs > 0) or secs == math.huge then
+        error("bad argument #2 to 'pause' (seconds must be a number > 0)", 2)
+      end
+      if reason ~= nil and type(reason) ~= "string" then error("bad argument #3 to 'pause' (string expected)", 2) end
+      lost(h, "leash.budget.pause")
+      local b = budget_of(h, name)
+      b.paused_until = math.max(b.paused_until or 0, h.clock + math.min(secs, BUDGET_MAX_WAIT))
+      b.pause_reason = reason or "leash.budget.pause"
+    end,
+  }
+  function leash.usage(u)
+    if type(u) ~= "table" then error("bad argument #1 to 'usage' (table expected)", 2) end
+    local hold = h.hold_stack[#h.hold_stack]
+    if not hold then
+      error("leash.usage: only inside leash.budget.hold (calls made with budget = read their usage from the answer)", 2)
+    end
+    local total
+    for _, k in ipairs({ "tokens", "input_tokens", "output_tokens" }) do
+      local n = u[k]
+      if n ~= nil then
+        if math.type(n) ~= "integer" or n < 0 then error("leash.usage: " .. k .. " must be an integer >= 0", 2) end
+        if k == "tokens" and total then error("leash.usage: give tokens or input_tokens/output_tokens", 2) end
+        total = (total or 0) + n
+      end
+    end
+    if not total then error("leash.usage: give tokens or input_tokens/output_tokens", 2) end
+    hold.used = total
   end
   leash.log = {}
   for _, level in ipairs({ "debug", "info", "warn", "error" }) do
@@ -646,7 +780,8 @@ end
 local function new_harness(dir, opts)
   opts = opts or {}
   local h = { logs = {}, clock = opts.clock or 1700000000, slept = 0, lease_lost = false,
-              steps = {}, step_runs = {}, enqueued = {}, runs = 0 }
+              steps = {}, step_runs = {}, enqueued = {}, runs = 0, budgets = {}, holds = {},
+              hold_stack = {}, budget_wait = opts.budget_wait or 30 }
   h.search = { dir }
   for _, d in ipairs(opts.lua_path or {}) do h.search[#h.search + 1] = d end
   h.db = new_db()
@@ -673,7 +808,12 @@ local function new_harness(dir, opts)
     self.task_modules = {}
     self.task = task
     self.runs = self.runs + 1
+    self.yielded, self.holds, self.hold_stack = nil, {}, {}
     local out = outcome(table.pack(xpcall(self.handle, message_handler, task)), opts.max_result_bytes)
+    if self.yielded then   -- the host's stop wins over whatever handle made of it
+      out = { status = "retry", cause = "budget", error = self.yielded.error,
+              delay = self.yielded.delay }
+    end
     self.task = nil
     out.attempt = task.attempt
     if out.status == "retry" and out.delay == nil then out.backoff = testing.backoff(task.attempt) end

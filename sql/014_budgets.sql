@@ -1,0 +1,177 @@
+-- Provider budgets (issue #15; README "Budgets"): limits on the calls scripts make to the
+-- providers behind them, shared by every process and pod through this table.
+--
+-- A budget is a name (e.g. 'openai:gpt-4o-mini') with any of: requests per minute (rpm),
+-- tokens per minute (tpm), calls in flight at once (concurrency). A name no one has set is
+-- created on first use with no limits, so a 429 can still pause it.
+--
+-- The minute (window_s: 60 unless set, so rpm and tpm can also be per second or per day)
+-- is a sliding window, kept as a log: one row per call granted, with its tokens
+-- (the estimate at grant, the real usage once the answer reports it). Granting asks "would
+-- this call make the last 60 seconds exceed rpm or tpm", the way providers count, so a fleet
+-- that keeps to the budget keeps to a provider limit of the same size whatever its bursts;
+-- a token bucket of that rate would let a window hold up to rpm plus the bucket's size.
+-- Counting the window costs a scan of at most rpm rows of one budget, under the budget's row
+-- lock: grants of one budget are serial, which at provider rates (hundreds to a few thousand
+-- calls a minute) is far from a bottleneck, and it makes the check and the grant one atomic
+-- step for the whole fleet.
+--
+-- Concurrency is counted from the same rows: a call in flight is a row not yet released
+-- whose hold has not run out. A process that dies mid-call leaves its rows behind; their
+-- hold (the call's timeout and a margin) runs out, so a lost pod cannot eat the budget.
+--
+-- Pauses. A 429 or 503 on a budgeted call (or leash.budget.pause, or `leash budget pause`)
+-- sets paused_until for every process: no call of the budget is granted before it. The
+-- first refusal of a pause also halves the budget's effective concurrency (aimd: what was
+-- in flight, halved, at least 1); every success after it adds 1/aimd, so concurrency grows
+-- back by about one per round of calls and the limit is dropped again once it reaches the
+-- configured concurrency (or 1000 with none): additive increase, multiplicative decrease.
+
+CREATE TABLE IF NOT EXISTS {{obj:budgets}} (
+  name          text PRIMARY KEY
+                CHECK (octet_length(name) BETWEEN 1 AND 200 AND name !~ '[[:cntrl:]]'),
+  rpm           int CHECK (rpm > 0),
+  tpm           bigint CHECK (tpm > 0),
+  concurrency   int CHECK (concurrency > 0),
+  window_s      float8 NOT NULL DEFAULT 60 CHECK (window_s BETWEEN 0.1 AND 86400),
+  paused_until  timestamptz,
+  pause_reason  text CHECK (octet_length(pause_reason) <= 500),
+  aimd          float8 CHECK (aimd >= 1),  -- effective concurrency after a refusal; NULL: none
+  requests      bigint NOT NULL DEFAULT 0, -- calls granted, ever
+  tokens        bigint NOT NULL DEFAULT 0, -- tokens settled, ever
+  refused       bigint NOT NULL DEFAULT 0, -- calls answered 429/503, ever
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  updated_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS {{obj:budget_calls}} (
+  id          bigserial PRIMARY KEY,
+  budget      text NOT NULL REFERENCES {{obj:budgets}} (name) ON DELETE CASCADE,
+  at          timestamptz NOT NULL DEFAULT now(),
+  tokens      bigint NOT NULL DEFAULT 0 CHECK (tokens >= 0),
+  hold_until  timestamptz NOT NULL,      -- in flight until released or this passes
+  released    boolean NOT NULL DEFAULT false
+);
+
+CREATE INDEX IF NOT EXISTS {{name:budget_calls_window}} ON {{obj:budget_calls}} (budget, at);
+
+-- Grants one call of p_tokens (an estimate; 0 when unknown) to budget p_name, held in flight
+-- for at most p_hold_s seconds, or says how long to wait. Rows: granted, the call's id (to
+-- settle), wait_s (when not granted: seconds until a grant could succeed; a guess for
+-- concurrency, exact for a pause or the window), and why not ('paused: <reason>', 'rpm',
+-- 'tpm', 'concurrency').
+CREATE FUNCTION {{obj:budget_grant}}(p_name text, p_tokens bigint, p_hold_s float8)
+RETURNS TABLE (granted boolean, call_id bigint, wait_s float8, why text)
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  b {{obj:budgets}};
+  n_req int;
+  n_tok bigint;
+  n_active int;
+  lim int;
+  win interval;
+  w float8 := 0;
+  reason text;
+  cid bigint;
+BEGIN
+  INSERT INTO {{obj:budgets}} AS x (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
+  SELECT * INTO b FROM {{obj:budgets}} x WHERE x.name = p_name FOR UPDATE;
+  IF b.paused_until > now() THEN
+    RETURN QUERY SELECT false, NULL::bigint, extract(epoch FROM b.paused_until - now())::float8,
+                        'paused: ' || coalesce(b.pause_reason, 'by hand');
+    RETURN;
+  END IF;
+  win := make_interval(secs => b.window_s);
+  -- The window's old rows go as grants pass; a row still in flight stays (it counts).
+  DELETE FROM {{obj:budget_calls}} c
+   WHERE c.budget = p_name AND c.at < now() - win
+     AND (c.released OR c.hold_until < now());
+  SELECT count(*) FILTER (WHERE c.at >= now() - win),
+         coalesce(sum(c.tokens) FILTER (WHERE c.at >= now() - win), 0),
+         count(*) FILTER (WHERE NOT c.released AND c.hold_until > now())
+    INTO n_req, n_tok, n_active
+    FROM {{obj:budget_calls}} c WHERE c.budget = p_name;
+  lim := least(b.concurrency, floor(b.aimd)::int);
+  IF b.rpm IS NOT NULL AND n_req >= b.rpm THEN
+    -- Until the (n_req - rpm + 1)th oldest call of the window leaves it.
+    SELECT extract(epoch FROM c.at + win - now())::float8 INTO w
+      FROM {{obj:budget_calls}} c
+     WHERE c.budget = p_name AND c.at >= now() - win
+     ORDER BY c.at OFFSET n_req - b.rpm LIMIT 1;
+    reason := 'rpm';
+  END IF;
+  -- A call larger than the whole tpm runs alone in an empty window rather than never.
+  IF b.tpm IS NOT NULL AND n_tok > 0 AND n_tok + p_tokens > b.tpm THEN
+    -- Until enough of the window's oldest tokens leave it.
+    SELECT greatest(w, extract(epoch FROM o.at + win - now())::float8) INTO w
+      FROM (SELECT c.at, sum(c.tokens) OVER (ORDER BY c.at, c.id) AS upto
+              FROM {{obj:budget_calls}} c
+             WHERE c.budget = p_name AND c.at >= now() - win) o
+     WHERE o.upto >= n_tok + p_tokens - b.tpm
+     ORDER BY o.at LIMIT 1;
+    reason := coalesce(reason, 'tpm');
+  END IF;
+  IF lim IS NOT NULL AND n_active >= lim THEN
+    w := greatest(w, 0.05);   -- a call ends when it ends: look again soon
+    reason := coalesce(reason, 'concurrency');
+  END IF;
+  IF reason IS NOT NULL THEN
+    RETURN QUERY SELECT false, NULL::bigint, greatest(w, 0.01), reason;
+    RETURN;
+  END IF;
+  INSERT INTO {{obj:budget_calls}} AS c (budget, tokens, hold_until)
+  VALUES (p_name, greatest(p_tokens, 0), now() + make_interval(secs => p_hold_s))
+  RETURNING c.id INTO cid;
+  UPDATE {{obj:budgets}} x SET requests = x.requests + 1 WHERE x.name = p_name;
+  RETURN QUERY SELECT true, cid, 0::float8, NULL::text;
+END $$;
+
+-- A granted call is over: p_tokens its real usage (NULL: the estimate stands). p_pause_s
+-- (NULL: none) when the provider refused it: the budget pauses that long for the fleet
+-- (extended, never shortened, by later refusals), with p_reason; the first refusal of a
+-- pause halves the effective concurrency. A success grows it back (see the top).
+-- p_call NULL: a pause that no grant preceded (leash.budget.pause, `leash budget pause`).
+CREATE FUNCTION {{obj:budget_settle}}(p_name text, p_call bigint, p_tokens bigint,
+                                      p_pause_s float8, p_reason text)
+RETURNS void
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+  active int;
+  delta bigint := 0;
+BEGIN
+  INSERT INTO {{obj:budgets}} AS x (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
+  IF p_call IS NOT NULL THEN
+    UPDATE {{obj:budget_calls}} c
+       SET released = true, tokens = coalesce(greatest(p_tokens, 0), c.tokens)
+     WHERE c.id = p_call AND c.budget = p_name
+    RETURNING c.tokens INTO delta;
+  END IF;
+  IF p_pause_s IS NOT NULL THEN
+    SELECT count(*) INTO active FROM {{obj:budget_calls}} c
+     WHERE c.budget = p_name AND NOT c.released AND c.hold_until > now();
+    UPDATE {{obj:budgets}} x
+       SET aimd = CASE WHEN p_call IS NULL THEN x.aimd
+                       WHEN x.paused_until IS NULL OR x.paused_until <= now()
+                       THEN greatest(1, (active + 1) / 2.0)
+                       ELSE x.aimd END,
+           paused_until = greatest(x.paused_until, now() + make_interval(secs => p_pause_s)),
+           pause_reason = left(coalesce(p_reason, 'paused'), 500),
+           refused = x.refused + CASE WHEN p_call IS NULL THEN 0 ELSE 1 END,
+           tokens = x.tokens + coalesce(delta, 0),
+           updated_at = now()
+     WHERE x.name = p_name;
+  ELSE
+    UPDATE {{obj:budgets}} x
+       SET aimd = CASE WHEN x.aimd IS NULL
+                         OR x.aimd + 1 / x.aimd >= coalesce(x.concurrency, 1000) THEN NULL
+                       ELSE x.aimd + 1 / x.aimd END,
+           tokens = x.tokens + coalesce(delta, 0)
+     WHERE x.name = p_name AND (x.aimd IS NOT NULL OR coalesce(delta, 0) <> 0);
+  END IF;
+END $$;

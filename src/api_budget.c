@@ -1,0 +1,282 @@
+/*
+ * api_budget: provider budgets as scripts see them. The accounting is the database's
+ * (sql/014_budgets.sql: a sliding minute of calls per budget, shared by the fleet); this
+ * file asks it for grants and tells it what calls used.
+ *
+ *   leash.http.request{..., budget = NAME, tokens = ESTIMATE}   one call, granted first
+ *   leash.budget.hold(NAME, {tokens = N}, fn, ...)              fn's calls under one grant
+ *   leash.budget.pause(NAME, seconds [, reason])                no grants for the fleet
+ *   leash.usage{tokens = N} (or input_tokens, output_tokens)    inside a hold: what it used
+ *
+ * Waiting for a grant holds no database connection (one statement per look, the wait in
+ * between on the host's wake condvar) and ends early when the lease is lost, the worker
+ * stops or the task's time runs out. A wait longer than --budget-wait, or than the task has
+ * left, is not waited in the slot: the task yields (taskctx_yield, cause "budget") and runs
+ * again after the wait, so a provider's ten-minute outage parks tasks, not slots.
+ */
+#include "api.h"
+
+#include "dbpool.h"
+#include "log.h"
+#include "provider.h"
+#include "queue.h"
+#include "task_context.h"
+
+#include <lauxlib.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUDGET_NAME_MAX 200
+#define BUDGET_HOLD_MAX_S 3600.0
+
+/* An open leash.budget.hold block: its grant and what its calls reported. */
+struct budget_hold {
+  char name[BUDGET_NAME_MAX + 1];
+  long long call_id;
+  long long used;                 /* tokens reported (leash.usage, answers); -1: none */
+  struct budget_hold *outer;
+};
+
+static int l_hold(lua_State *L);
+static int l_pause(lua_State *L);
+static const char *check_name(lua_State *L, int idx, const char *what);
+static int exec(lua_State *L, const char *sql, int n, const char *const *params,
+                PGresult **out, char *err, size_t errlen);
+static double jitter(double wait);
+
+int api_budget_open(lua_State *L)
+{
+  static const luaL_Reg funcs[] = { { "hold", l_hold }, { "pause", l_pause }, { NULL, NULL } };
+  luaL_newlib(L, funcs);
+  return 1;
+}
+
+void api_budget_begin(lua_State *L, const char *what, const char *name, long long tokens,
+                      double hold_s, struct budget_call *bc)
+{
+  struct task_ctx *ctx = taskctx_of(L);
+  memset(bc, 0, sizeof *bc);
+  bc->name = name;
+  bc->id = -1;
+  for (struct budget_hold *h = ctx->holds; h; h = h->outer)
+    if (strcmp(h->name, name) == 0) {
+      bc->hold = h;               /* the block's grant covers the call */
+      return;
+    }
+  char toks[24], hold[32], err[512];
+  snprintf(toks, sizeof toks, "%lld", tokens);
+  snprintf(hold, sizeof hold, "%.3f", hold_s);
+  const char *params[] = { name, toks, hold };
+  for (;;) {
+    taskctx_check_live(L, what);
+    PGresult *r;
+    if (exec(L, ctx->host->sql->budget_grant, 3, params, &r, err, sizeof err) != 0)
+      luaL_error(L, "%s: budget '%s': %s", what, name, err);
+    int granted = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    long long id = granted ? strtoll(PQgetvalue(r, 0, 1), NULL, 10) : -1;
+    double wait = PQntuples(r) == 1 ? strtod(PQgetvalue(r, 0, 2), NULL) : 1;
+    char why[128];
+    snprintf(why, sizeof why, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 3) : "");
+    PQclear(r);
+    if (granted) {
+      bc->id = id;
+      return;
+    }
+    double left = taskctx_time_left(ctx);
+    if (wait > ctx->host->budget_wait_s || wait >= left)
+      taskctx_yield(L, CAUSE_BUDGET, wait + jitter(wait),
+                    "budget '%s' (%s): the next grant is %.1f s away, longer than %s; the "
+                    "task gave its slot back and runs again then", name, why, wait,
+                    wait >= left ? "the task's time left" : "--budget-wait");
+    if (taskctx_sleep(ctx, wait))
+      luaL_error(L, "task timed out (--task-timeout)");
+  }
+}
+
+int api_budget_end(lua_State *L, struct budget_call *bc, long long used, double pause_s,
+                   const char *reason)
+{
+  if (bc->hold) {
+    if (used >= 0)
+      bc->hold->used = (bc->hold->used < 0 ? 0 : bc->hold->used) + used;
+    if (pause_s < 0)
+      return 0;
+  }
+  if (bc->id < 0 && pause_s < 0)
+    return 0;
+  char id[24], toks[24], pause[32], err[512];
+  snprintf(id, sizeof id, "%lld", bc->id);
+  snprintf(toks, sizeof toks, "%lld", used);
+  snprintf(pause, sizeof pause, "%.3f", pause_s);
+  const char *params[] = { bc->name, bc->id >= 0 ? id : NULL, used >= 0 ? toks : NULL,
+                           pause_s >= 0 ? pause : NULL, reason };
+  PGresult *r = NULL;
+  int rc = exec(L, taskctx_of(L)->host->sql->budget_settle, 5, params, &r, err, sizeof err);
+  PQclear(r);
+  bc->id = -1;
+  if (rc != 0)   /* the call's hold runs out by itself: the grant is not lost for good */
+    log_warn("budget '%s': the call's usage was not recorded: %s", bc->name, err);
+  return rc;
+}
+
+void api_budget_refused(lua_State *L, struct budget_call *bc, double wait_s, const char *from)
+{
+  char reason[300];
+  snprintf(reason, sizeof reason, "refused by %s", from);
+  api_budget_end(L, bc, -1, wait_s, reason);
+  taskctx_yield(L, CAUSE_BUDGET, wait_s + jitter(wait_s),
+                "budget '%s' paused for %.1f s: %s; the task gave its slot back and runs "
+                "again then", bc->name, wait_s, reason);
+}
+
+/* leash.budget.hold(name, {tokens = n}, fn, ...) → fn's results. One grant for the block;
+   leash.http.request calls inside it that name the same budget are covered by it and add
+   the usage their answers report; leash.usage reports more. Whatever fn raises passes on,
+   after the grant is settled. */
+static int l_hold(lua_State *L)
+{
+  const char *name = check_name(L, 1, "leash.budget.hold");
+  long long tokens = 0;
+  if (!lua_isnil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_getfield(L, 2, "tokens");
+    if (!lua_isnil(L, -1)) {
+      int ok;
+      lua_Integer n = lua_tointegerx(L, -1, &ok);
+      luaL_argcheck(L, ok && n >= 0, 2, "tokens must be an integer >= 0");
+      tokens = (long long)n;
+    }
+    lua_pop(L, 1);
+  }
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  struct task_ctx *ctx = taskctx_of(L);
+  struct budget_hold *hold = lua_newuserdatauv(L, sizeof *hold, 0);
+  memset(hold, 0, sizeof *hold);
+  snprintf(hold->name, sizeof hold->name, "%s", name);
+  hold->used = -1;
+  lua_replace(L, 1);             /* keeps the block alive; name now lives in hold */
+  lua_remove(L, 2);              /* fn and its arguments from 2 */
+  double left = taskctx_time_left(ctx);
+  struct budget_call bc;
+  api_budget_begin(L, "leash.budget.hold", hold->name, tokens,
+                   (left < BUDGET_HOLD_MAX_S ? left : BUDGET_HOLD_MAX_S) + 30, &bc);
+  hold->call_id = bc.id;
+  hold->outer = ctx->holds;
+  ctx->holds = hold;
+  int rc = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+  ctx->holds = hold->outer;
+  api_budget_end(L, &bc, hold->used, -1, NULL);
+  if (rc != LUA_OK)
+    return lua_error(L);
+  return lua_gettop(L) - 1;
+}
+
+/* leash.budget.pause(name, seconds [, reason]): no grants of the budget for the fleet until
+   then (a pause in progress is extended, never shortened). */
+static int l_pause(lua_State *L)
+{
+  const char *name = check_name(L, 1, "leash.budget.pause");
+  lua_Number secs = luaL_checknumber(L, 2);
+  luaL_argcheck(L, secs > 0 && isfinite(secs), 2, "seconds must be a number > 0");
+  if (secs > PROVIDER_MAX_WAIT_S)
+    secs = PROVIDER_MAX_WAIT_S;
+  size_t rn = 0;
+  const char *reason = luaL_optlstring(L, 3, "leash.budget.pause", &rn);
+  luaL_argcheck(L, rn <= 300, 3, "reason must be at most 300 bytes");
+  taskctx_check_live(L, "leash.budget.pause");
+  struct budget_call bc = { .name = name, .id = -1 };
+  if (api_budget_end(L, &bc, -1, secs, reason) != 0)
+    return luaL_error(L, "leash.budget.pause: budget '%s' could not be paused", name);
+  return 0;
+}
+
+/* leash.usage{tokens = n} or {input_tokens = a, output_tokens = b}: the innermost
+   leash.budget.hold's usage (replacing what its calls' answers reported). */
+int api_usage(lua_State *L)
+{
+  luaL_checktype(L, 1, LUA_TTABLE);
+  struct task_ctx *ctx = taskctx_of(L);
+  if (!ctx->holds)
+    return luaL_error(L, "leash.usage: only inside leash.budget.hold (calls made with "
+                      "budget = read their usage from the answer)");
+  long long total = -1;
+  static const char *const keys[] = { "tokens", "input_tokens", "output_tokens" };
+  for (int i = 0; i < 3; i++) {
+    lua_getfield(L, 1, keys[i]);
+    if (!lua_isnil(L, -1)) {
+      int ok;
+      lua_Integer n = lua_tointegerx(L, -1, &ok);
+      if (!ok || n < 0)
+        return luaL_error(L, "leash.usage: %s must be an integer >= 0", keys[i]);
+      if (i == 0 && total >= 0)
+        return luaL_error(L, "leash.usage: give tokens or input_tokens/output_tokens");
+      total = (total < 0 ? 0 : total) + (long long)n;
+    }
+    lua_pop(L, 1);
+  }
+  if (total < 0)
+    return luaL_error(L, "leash.usage: give tokens or input_tokens/output_tokens");
+  ctx->holds->used = total;
+  return 0;
+}
+
+const char *api_budget_name(lua_State *L, int idx, const char *what)
+{
+  return check_name(L, idx, what);
+}
+
+/* A budget name: 1..200 bytes, no control characters (names reach logs and metrics). */
+static const char *check_name(lua_State *L, int idx, const char *what)
+{
+  size_t n;
+  const char *s = lua_tolstring(L, idx, &n);
+  if (lua_type(L, idx) != LUA_TSTRING || n == 0 || n > BUDGET_NAME_MAX)
+    luaL_error(L, "%s: a budget name must be a string of 1 to %d bytes", what, BUDGET_NAME_MAX);
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+      luaL_error(L, "%s: a budget name may not hold control characters", what);
+  return s;
+}
+
+/* One statement on a pooled connection for the running task. The result (on success) is
+   the caller's; nothing here raises, so no connection is ever left out of the pool. */
+static int exec(lua_State *L, const char *sql, int n, const char *const *params,
+                PGresult **out, char *err, size_t errlen)
+{
+  const struct task_ctx *ctx = taskctx_of(L);
+  *out = NULL;
+  if (!ctx->host->pool) {
+    snprintf(err, errlen, "no database in this context");
+    return -1;
+  }
+  PGconn *c = dbpool_get_for(ctx->host->pool, ctx->task, taskctx_time_left(ctx), err, errlen);
+  if (!c)
+    return -1;
+  PGresult *r = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+  ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+    const char *m = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+    snprintf(err, errlen, "%s", m && *m ? m : PQerrorMessage(c));
+    size_t k = strlen(err);
+    while (k > 0 && (err[k - 1] == '\n' || err[k - 1] == ' '))
+      err[--k] = '\0';
+    PQclear(r);
+    dbpool_put(ctx->host->pool, c);
+    return -1;
+  }
+  dbpool_put(ctx->host->pool, c);
+  *out = r;
+  return 0;
+}
+
+/* Tasks a pause parked come back spread over a little time after it, not all at its end:
+   up to a tenth of the wait plus half a second, at most 10 s. */
+static double jitter(double wait)
+{
+  double span = wait / 10 + 0.5;
+  if (span > 10)
+    span = 10;
+  return span * ((double)arc4random() / 4294967296.0);
+}
