@@ -8,7 +8,7 @@
 # ctest (label "fuzz", registered only in this build): fuzz.<name> replays
 # tests/fuzz/regressions/<name>/, then fuzzes a scratch copy of tests/fuzz/corpus/<name>/
 # for LEASH_FUZZ_SECONDS (tests/fuzz/run.sh does both; it also serves long runs).
-set(LEASH_FUZZ_TARGETS enqueue_line json_lua json_encode pgvalue duration)
+set(LEASH_FUZZ_TARGETS enqueue_line json_lua json_encode pgvalue duration provider)
 set(LEASH_FUZZ_SECONDS 20 CACHE STRING "Seconds each ctest fuzz.<target> run fuzzes")
 
 set(LEASH_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -17,7 +17,7 @@ add_library(leash_core_fuzz STATIC
   ${CMAKE_SOURCE_DIR}/src/enqueue.c ${CMAKE_SOURCE_DIR}/src/json_lua.c
   ${CMAKE_SOURCE_DIR}/src/pgvalue.c ${CMAKE_SOURCE_DIR}/src/cli.c
   ${CMAKE_SOURCE_DIR}/src/db.c ${CMAKE_SOURCE_DIR}/src/log.c ${CMAKE_SOURCE_DIR}/src/buf.c
-  ${CMAKE_SOURCE_DIR}/src/luatext.c)
+  ${CMAKE_SOURCE_DIR}/src/luatext.c ${CMAKE_SOURCE_DIR}/src/provider.c)
 target_include_directories(leash_core_fuzz PUBLIC ${CMAKE_SOURCE_DIR}/src)
 target_compile_options(leash_core_fuzz PRIVATE ${LEASH_WARNINGS}
                        PUBLIC -fsanitize=fuzzer-no-link ${LEASH_FUZZ_SAN})

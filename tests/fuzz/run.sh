@@ -4,7 +4,7 @@
 # is never written by a run. ctest's fuzz.<target> calls it for a short run; for long runs:
 #
 #   tests/fuzz/run.sh [--merge] TARGET SECONDS
-#     TARGET   enqueue_line | json_lua | json_encode | pgvalue | duration
+#     TARGET   enqueue_line | json_lua | json_encode | pgvalue | duration | provider
 #     --merge  afterwards, add the inputs that found new coverage to tests/fuzz/corpus/TARGET
 #              (libFuzzer -merge=1: only what the corpus does not already cover)
 #
