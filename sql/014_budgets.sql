@@ -16,9 +16,11 @@
 -- calls a minute) is far from a bottleneck, and it makes the check and the grant one atomic
 -- step for the whole fleet.
 --
--- Concurrency is counted from the same rows: a call in flight is a row not yet released
--- whose hold has not run out. A process that dies mid-call leaves its rows behind; their
--- hold (the call's timeout and a margin) runs out, so a lost pod cannot eat the budget.
+-- Concurrency is counted from the same rows: a call in flight is a row not yet released,
+-- whose hold has not run out and whose task still holds the lease that made the call. A
+-- process that dies mid-call leaves its rows behind; they stop counting when its lease runs
+-- out or is given back (`leash release`), or at the latest when the hold (the call's
+-- timeout and a margin) does, so a lost pod cannot eat the budget.
 --
 -- Pauses. A 429 or 503 on a budgeted call (or leash.budget.pause, or `leash budget pause`)
 -- sets paused_until for every process: no call of the budget is granted before it. The
@@ -50,17 +52,21 @@ CREATE TABLE IF NOT EXISTS {{obj:budget_calls}} (
   at          timestamptz NOT NULL DEFAULT now(),
   tokens      bigint NOT NULL DEFAULT 0 CHECK (tokens >= 0),
   hold_until  timestamptz NOT NULL,      -- in flight until released or this passes
-  released    boolean NOT NULL DEFAULT false
+  released    boolean NOT NULL DEFAULT false,
+  task_id     bigint,                    -- the lease that made the call (NULL: none)
+  lease_token bigint
 );
 
 CREATE INDEX IF NOT EXISTS {{name:budget_calls_window}} ON {{obj:budget_calls}} (budget, at);
 
 -- Grants one call of p_tokens (an estimate; 0 when unknown) to budget p_name, held in flight
--- for at most p_hold_s seconds, or says how long to wait. Rows: granted, the call's id (to
+-- for at most p_hold_s seconds and while the lease (p_task, p_token) holds, or says how long
+-- to wait. Rows: granted, the call's id (to
 -- settle), wait_s (when not granted: seconds until a grant could succeed; a guess for
 -- concurrency, exact for a pause or the window), and why not ('paused: <reason>', 'rpm',
 -- 'tpm', 'concurrency').
-CREATE FUNCTION {{obj:budget_grant}}(p_name text, p_tokens bigint, p_hold_s float8)
+CREATE FUNCTION {{obj:budget_grant}}(p_name text, p_tokens bigint, p_hold_s float8,
+                                     p_task bigint, p_token bigint)
 RETURNS TABLE (granted boolean, call_id bigint, wait_s float8, why text)
 LANGUAGE plpgsql
 SET jit = off
@@ -91,7 +97,11 @@ BEGIN
      AND (c.released OR c.hold_until < now());
   SELECT count(*) FILTER (WHERE c.at >= now() - win),
          coalesce(sum(c.tokens) FILTER (WHERE c.at >= now() - win), 0),
-         count(*) FILTER (WHERE NOT c.released AND c.hold_until > now())
+         count(*) FILTER (WHERE NOT c.released AND c.hold_until > now()
+                            AND (c.task_id IS NULL OR EXISTS (
+                                   SELECT 1 FROM {{table}} q
+                                    WHERE q.id = c.task_id AND q.lease_token = c.lease_token
+                                      AND q.status = 'leased' AND q.locked_until > now())))
     INTO n_req, n_tok, n_active
     FROM {{obj:budget_calls}} c WHERE c.budget = p_name;
   lim := least(b.concurrency, floor(b.aimd)::int);
@@ -122,8 +132,9 @@ BEGIN
     RETURN QUERY SELECT false, NULL::bigint, greatest(w, 0.01), reason;
     RETURN;
   END IF;
-  INSERT INTO {{obj:budget_calls}} AS c (budget, tokens, hold_until)
-  VALUES (p_name, greatest(p_tokens, 0), now() + make_interval(secs => p_hold_s))
+  INSERT INTO {{obj:budget_calls}} AS c (budget, tokens, hold_until, task_id, lease_token)
+  VALUES (p_name, greatest(p_tokens, 0), now() + make_interval(secs => p_hold_s), p_task,
+          p_token)
   RETURNING c.id INTO cid;
   UPDATE {{obj:budgets}} x SET requests = x.requests + 1 WHERE x.name = p_name;
   RETURN QUERY SELECT true, cid, 0::float8, NULL::text;

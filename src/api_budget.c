@@ -65,23 +65,26 @@ void api_budget_begin(lua_State *L, const char *what, const char *name, long lon
       bc->hold = h;               /* the block's grant covers the call */
       return;
     }
-  char toks[24], hold[32], err[512];
+  char toks[24], hold[32], id[24], token[24], err[512];
   snprintf(toks, sizeof toks, "%lld", tokens);
   snprintf(hold, sizeof hold, "%.3f", hold_s);
-  const char *params[] = { name, toks, hold };
+  const struct task *t = ctx->task;
+  snprintf(id, sizeof id, "%lld", t ? (long long)t->id : 0LL);
+  snprintf(token, sizeof token, "%lld", t ? (long long)t->token : 0LL);
+  const char *params[] = { name, toks, hold, t ? id : NULL, t ? token : NULL };
   for (;;) {
     taskctx_check_live(L, what);
     PGresult *r;
-    if (exec(L, ctx->host->sql->budget_grant, 3, params, &r, err, sizeof err) != 0)
+    if (exec(L, ctx->host->sql->budget_grant, 5, params, &r, err, sizeof err) != 0)
       luaL_error(L, "%s: budget '%s': %s", what, name, err);
     int granted = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
-    long long id = granted ? strtoll(PQgetvalue(r, 0, 1), NULL, 10) : -1;
+    long long call = granted ? strtoll(PQgetvalue(r, 0, 1), NULL, 10) : -1;
     double wait = PQntuples(r) == 1 ? strtod(PQgetvalue(r, 0, 2), NULL) : 1;
     char why[128];
     snprintf(why, sizeof why, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 3) : "");
     PQclear(r);
     if (granted) {
-      bc->id = id;
+      bc->id = call;
       return;
     }
     double left = taskctx_time_left(ctx);

@@ -630,7 +630,8 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
   char *settle = db_table_object(t, c, "budget_settle", 1);
   if (grant)
     s->budget_grant = format_sql("SELECT granted, call_id, wait_s, why "
-                                 "FROM %s($1, $2::bigint, $3::float8)", grant);
+                                 "FROM %s($1, $2::bigint, $3::float8, $4::bigint, $5::bigint)",
+                                 grant);
   if (settle)
     s->budget_settle = format_sql("SELECT %s($1, $2::bigint, $3::bigint, $4::float8, $5)",
                                   settle);
