@@ -183,6 +183,36 @@ case_a_pause_longer_than_budget_wait_gives_the_slot_back() {
     "budget 'later' (paused: "
 }
 
+# The yield is the host's: a script that catches it with pcall (or xpcall, or inside a
+# coroutine) and answers ok still gives its slot back, with cause budget.
+case_a_script_cannot_swallow_the_yield() {
+  need_pg
+  budget_setup
+  start_mock
+  expect_exit 0 "$LEASH" budget pause held --for 1h
+  local variants=(
+    'local ok = pcall(leash.http.request, {url = MOCK, budget = "held"}) return leash.ok{caught = not ok}'
+    'local ok = xpcall(function() return leash.budget.hold("held", {}, function() end) end, debug and debug.traceback or tostring) return leash.ok()'
+    'local co = coroutine.wrap(function() return pcall(leash.http.request, {url = MOCK, budget = "held"}) end) co() return leash.ok()'
+    'for i = 1, 3 do pcall(leash.http.request, {url = MOCK, budget = "held"}) end return leash.ok()'
+  )
+  local i=0 v
+  for v in "${variants[@]}"; do
+    i=$((i + 1))
+    printf 'local leash = require "leash"\nlocal MOCK = "%s"\nreturn function() %s end\n' \
+      "$MOCK/v1/chat/completions" "$v" >"$T_TMP/swallow$i.lua"
+    q "delete from agent_work_queue" >/dev/null
+    expect_exit 0 "$LEASH" enqueue '{}'
+    start_worker "w$i" "$T_TMP/swallow$i.lua" --concurrency 1 --budget-wait 0
+    wait_for "variant $i to yield" 20 q_true \
+      "select status = 'pending' and last_cause = 'budget' and run_after > now() + interval '50 minutes'
+         from agent_work_queue"
+    kill -TERM "${W_PID[w$i]}"
+    assert_worker_exit "w$i" 30 0
+  done
+  assert_eq "the mock got no call" "$(mock_stat answers /v1/chat/completions 200)" 0
+}
+
 # ---------------------------------------------------------------- usage
 
 # Tokens: the answer's usage (the mock reports prompt + completion tokens), or what
