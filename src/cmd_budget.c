@@ -56,20 +56,15 @@ static const char set_fmt[] =
   "RETURNING coalesce(b.rpm::text, 'none'), coalesce(b.tpm::text, 'none'), "
   "          coalesce(b.concurrency::text, 'none'), b.window_s::text";
 
-/* %s: the budgets table. $1 name, $2 seconds, $3 reason. */
-static const char pause_fmt[] =
-  "INSERT INTO %s AS b (name, paused_until, pause_reason) "
-  "VALUES ($1, now() + make_interval(secs => $2::float8), $3) "
-  "ON CONFLICT (name) DO UPDATE SET "
-  "  paused_until = greatest(b.paused_until, EXCLUDED.paused_until), "
-  "  pause_reason = EXCLUDED.pause_reason, updated_at = now() "
-  "RETURNING extract(epoch FROM b.paused_until - now())::numeric(12,1)::text";
+/* %s: <table>_budget_pause. $1 name, $2 seconds, $3 reason. */
+static const char pause_fmt[] = "SELECT round(%s($1, $2::float8, $3)::numeric, 1)::text";
 
-static const char resume_fmt[] =
-  "UPDATE %s SET paused_until = NULL, pause_reason = NULL, updated_at = now() "
-  "WHERE name = $1 RETURNING 1";
+/* %s: <table>_budget_resume. A row (true) when the budget exists. */
+static const char resume_fmt[] = "SELECT 1 WHERE %s($1)";
 
-static const char delete_fmt[] = "DELETE FROM %s WHERE name = $1 RETURNING 1";
+/* %s: the budgets table, <table>_unhold (its tasks are no longer held). */
+static const char delete_fmt[] =
+  "WITH d AS (DELETE FROM %s WHERE name = $1 RETURNING name) SELECT %s('budget', name) FROM d";
 
 /* Every budget (or $1's) as JSON built by PostgreSQL, in one snapshot. %s: budgets, calls. */
 static const char show_fmt[] =
@@ -183,10 +178,13 @@ int cmd_budget(struct cli *g, int argc, char **argv)
   char err[DB_ERR_MAX];
   char *budgets = db_table_object(&t, c, "budgets", 1);
   char *calls = db_table_object(&t, c, "budget_calls", 1);
+  char *pause_f = db_table_object(&t, c, "budget_pause", 1);
+  char *resume_f = db_table_object(&t, c, "budget_resume", 1);
+  char *unhold_f = db_table_object(&t, c, "unhold", 1);
   PGresult *r = NULL;
   if (migrate_check(c, &t, err, sizeof err) != 0) {
     rc = cli_runtime_error(g, "%s", err);
-  } else if (!budgets || !calls) {
+  } else if (!budgets || !calls || !pause_f || !resume_f || !unhold_f) {
     rc = cli_runtime_error(g, "out of memory");
   } else if (is_show) {
     rc = show(g, c, budgets, calls, name, as_json);
@@ -201,12 +199,12 @@ int cmd_budget(struct cli *g, int argc, char **argv)
     char secs[32];
     snprintf(secs, sizeof secs, "%.3f", for_s);
     const char *params[] = { name, secs, reason ? reason : "leash budget pause" };
-    if ((rc = run_sql(g, c, pause_fmt, budgets, NULL, 3, params, &r)) == EXIT_OK)
+    if ((rc = run_sql(g, c, pause_fmt, pause_f, NULL, 3, params, &r)) == EXIT_OK)
       printf("budget %s: paused for %s s\n", name, PQgetvalue(r, 0, 0));
   } else {
     const char *params[] = { name };
-    if ((rc = run_sql(g, c, is_resume ? resume_fmt : delete_fmt, budgets, NULL, 1, params,
-                      &r)) == EXIT_OK) {
+    if ((rc = is_resume ? run_sql(g, c, resume_fmt, resume_f, NULL, 1, params, &r)
+                        : run_sql(g, c, delete_fmt, budgets, unhold_f, 1, params, &r)) == EXIT_OK) {
       if (PQntuples(r) == 0)
         rc = cli_data_error(g, "no budget named '%s'", name);
       else
@@ -216,6 +214,9 @@ int cmd_budget(struct cli *g, int argc, char **argv)
   PQclear(r);
   free(budgets);
   free(calls);
+  free(pause_f);
+  free(resume_f);
+  free(unhold_f);
   cli_close(c, &t);
   return rc;
 }

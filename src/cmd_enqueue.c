@@ -22,7 +22,7 @@ static const char usage[] =
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
   "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
   "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
-  "max_attempts, max_crashes, priority; the options below are the defaults for what a line leaves out.\n"
+  "max_attempts, max_crashes, priority, budget; the options below are the defaults for what a line leaves out.\n"
   "Every line is checked before anything is written; one bad line rejects the whole file.\n\n"
   "options:\n"
   "  --tenant T            tenant_id (default '" LIFECYCLE_DEFAULT_TENANT "'; tenant, shard, "
@@ -38,13 +38,15 @@ static const char usage[] =
   LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_CRASHES) ")\n"
   "  --priority N          higher runs first within the tenant's share (-1000 to 1000,\n"
   "                        default 0; a line's \"priority\" beats it)\n"
+  "  --budget NAME         the budget the task's calls use: claims skip it while that\n"
+  "                        budget is paused (README \"Budgets\"; a line's \"budget\" beats it)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n"
   "  --max-line-bytes N    refuse a line longer than N bytes (default 4M; k, M, G units)\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
-  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY,
+  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY, OPT_BUDGET,
 };
 
 /* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
@@ -52,6 +54,7 @@ struct defaults {
   const char *tenant, *shard, *run_after, *delay, *max_attempts, *batch;
   const char *max_crashes;   /* $8 */
   const char *priority;      /* $9 */
+  const char *budget;        /* $10 */
   char delay_buf[32];
 };
 
@@ -59,7 +62,7 @@ struct defaults {
    (the task's JSON object) and run_after (a typed timestamp or NULL). The id is drawn first
    so a default shard can name it; ids follow line order. A line's field beats the flag ($1
    tenant, $2 shard, $3 run-after, $4 delay, $5 max-attempts, $6 batch, $8 max-crashes,
-   $9 priority; $7 the table); what both leave out gets the insert's defaults. A line's
+   $9 priority, $10 budget; $7 the table); what both leave out gets the insert's defaults. A line's
    priority went through numeric: the check takes any whole number (1e2, 3.0), int's input
    does not. */
 static const char rows_fmt[] =
@@ -70,7 +73,8 @@ static const char rows_fmt[] =
   "       coalesce((v.doc->>'max_attempts')::int, $5::int) AS max_attempts, "
   "       CASE WHEN v.doc ? 'batch' THEN v.doc->>'batch' ELSE $6 END AS batch, "
   "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes, "
-  "       coalesce((v.doc->>'priority')::numeric::int, $9::int) AS priority "
+  "       coalesce((v.doc->>'priority')::numeric::int, $9::int) AS priority, "
+  "       CASE WHEN v.doc ? 'budget' THEN v.doc->>'budget' ELSE $10 END AS budget "
   "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, w.* FROM (%s) w) v";
 
 /* The INSERT for rows from `source`; malloc'd, NULL when out of memory. */
@@ -108,6 +112,7 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     { "max-crashes", required_argument, NULL, OPT_MAX_CRASHES },
     { "max-line-bytes", required_argument, NULL, OPT_MAX_LINE_BYTES },
     { "priority", required_argument, NULL, OPT_PRIORITY },
+    { "budget", required_argument, NULL, OPT_BUDGET },
     { NULL, 0, NULL, 0 },
   };
   struct defaults d = { 0 };
@@ -141,6 +146,9 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
         return cli_usage_error(g, "--max-attempts must be an integer from 1 to %d, not '%s'",
                                LIFECYCLE_MAX_MAX_ATTEMPTS, optarg);
       d.max_attempts = optarg;
+      break;
+    case OPT_BUDGET:
+      d.budget = optarg;
       break;
     case OPT_BATCH:
       d.batch = optarg;
@@ -209,7 +217,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   /* The payload's own text goes into the row (jsonb keeps big numbers exact). */
   size_t n = strlen(payload) + 16;
   char *doc = malloc(n);
-  char *sql = insert_sql(t, "SELECT 1 AS line, $10::jsonb AS doc, NULL::timestamptz AS run_after");
+  char *sql = insert_sql(t, "SELECT 1 AS line, $11::jsonb AS doc, NULL::timestamptz AS run_after");
   int rc = EXIT_RUNTIME;
   if (!doc || !sql) {
     free(doc);
@@ -218,9 +226,10 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   }
   snprintf(doc, n, "{\"payload\":%s}", payload);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, d->max_crashes, d->priority, doc };
+                           d->batch, t->qualified, d->max_crashes, d->priority, d->budget,
+                           doc };
   char err[DB_ERR_MAX];
-  PGresult *r = db_exec(c, sql, 10, params, err, sizeof err);
+  PGresult *r = db_exec(c, sql, 11, params, err, sizeof err);
   if (r) {
     printf("%s\n", PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -341,8 +350,9 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   }
   PQclear(r);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, d->max_crashes, d->priority };
-  r = db_exec(c, sql, 9, params, err, sizeof err);
+                           d->batch, t->qualified, d->max_crashes, d->priority,
+                           d->budget };
+  r = db_exec(c, sql, 10, params, err, sizeof err);
   if (!r) {
     rc = db_data_error(g, err, 0);
     goto rollback;
@@ -426,6 +436,7 @@ static int check_defaults(struct cli *g, const struct defaults *d)
     { "--tenant", "tenant_id", d->tenant },
     { "--shard", "shard_key", d->shard },
     { "--batch", "batch", d->batch },
+    { "--budget", "budget", d->budget },
   };
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
     if (keys[i].value &&

@@ -495,11 +495,11 @@ char *queue_insert_sql(const char *table, const char *source)
      table's column defaults say the same for inserts that bypass leash). */
   static const char fmt[] =
     "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
-    "                max_crashes, priority) "
+    "                max_crashes, priority, budget) "
     "SELECT s.id, coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "'), "
     "       coalesce(s.shard_key, 'task:' || s.id), s.payload, coalesce(s.run_after, now()), "
     "       coalesce(s.max_attempts, %d), s.batch, coalesce(s.max_crashes, %d), "
-    "       coalesce(s.priority, 0) "
+    "       coalesce(s.priority, 0), s.budget "
     "  FROM (%s) s "
     "RETURNING id";
   size_t n = sizeof fmt + strlen(table) + strlen(source) + 32;
@@ -617,7 +617,7 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
     "       coalesce($1, p.tenant_id) AS tenant_id, $2::text AS shard_key, "
     "       $3::jsonb AS payload, now() + make_interval(secs => $4::float8) AS run_after, "
     "       $5::int AS max_attempts, CASE WHEN $6::boolean THEN $7 ELSE p.batch END AS batch, "
-    "       NULL::int AS max_crashes, NULL::int AS priority "
+    "       NULL::int AS max_crashes, NULL::int AS priority, NULL::text AS budget "
     "  FROM %s p "
     " WHERE p.id = $9 AND p.lease_owner = $10 AND p.lease_token = $11::bigint "
     "   AND p.status = " SQL_LEASED " AND p.locked_until > now() "

@@ -125,7 +125,8 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
 /* The one task INSERT: rows of `source`, a SELECT with the columns id (drawn from the
    table's sequence, so that a default shard can name it), tenant_id, shard_key, payload
-   (jsonb), run_after, max_attempts, batch, max_crashes, priority; a NULL gets lifecycle.h's
+   (jsonb), run_after, max_attempts, batch, max_crashes, priority, budget; a NULL gets
+   lifecycle.h's
    default
    (batch stays NULL). Returns the ids inserted. malloc'd, NULL when out of memory. */
 char *queue_insert_sql(const char *table, const char *source);

@@ -575,9 +575,9 @@ SELECT 'done rows: ' || count(*) FROM agent_work_queue WHERE status = 'done';
 SQL
   ) || fail "the cycle failed: $out"
   assert_contains "the settle applied" "$out" "done rows: 1"
-  # Since 011 the claim reads heads only (heads_idx): never claim_idx, whose rows include
+  # Since 011 the claim reads heads only (heads_ready_idx since 014): never claim_idx, whose rows include
   # every pending row parked behind a busy shard.
-  assert_contains "the claim walks heads_idx" "$out" "Index Scan using agent_work_queue_heads_idx"
+  assert_contains "the claim walks heads_ready_idx" "$out" "Index Scan using agent_work_queue_heads_ready_idx"
   if grep -q "Seq Scan on agent_work_queue" <<<"$out"; then
     fail "a plan of the cycle scans the table: $(grep -B3 -A3 "Seq Scan on agent_work_queue" <<<"$out" | head -20)"
   fi

@@ -23,7 +23,9 @@
 -- timeout and a margin) does, so a lost pod cannot eat the budget.
 --
 -- Pauses. A 429 or 503 on a budgeted call (or leash.budget.pause, or `leash budget pause`)
--- sets paused_until for every process: no call of the budget is granted before it. The
+-- sets paused_until for every process: no call of the budget is granted before it, and
+-- tasks that carry the budget (their `budget` column) are held (014): claims skip them until
+-- then, so they wait without a slot. The
 -- first refusal of a pause also halves the budget's effective concurrency (aimd: what was
 -- in flight, halved, at least 1); every success after it adds 1/aimd, so concurrency grows
 -- back by about one per round of calls and the limit is dropped again once it reaches the
@@ -155,6 +157,7 @@ AS $$
 DECLARE
   active int;
   delta bigint := 0;
+  until timestamptz;
 BEGIN
   INSERT INTO {{obj:budgets}} AS x (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
   IF p_call IS NOT NULL THEN
@@ -176,7 +179,10 @@ BEGIN
            refused = x.refused + CASE WHEN p_call IS NULL THEN 0 ELSE 1 END,
            tokens = x.tokens + coalesce(delta, 0),
            updated_at = now()
-     WHERE x.name = p_name;
+     WHERE x.name = p_name
+    RETURNING x.paused_until INTO until;
+    -- Claims skip the tasks that carry the budget until then (014).
+    PERFORM {{obj:hold}}('budget', p_name, until, left(coalesce(p_reason, 'paused'), 500));
   ELSE
     UPDATE {{obj:budgets}} x
        SET aimd = CASE WHEN x.aimd IS NULL
@@ -185,4 +191,29 @@ BEGIN
            tokens = x.tokens + coalesce(delta, 0)
      WHERE x.name = p_name AND (x.aimd IS NOT NULL OR coalesce(delta, 0) <> 0);
   END IF;
+END $$;
+
+-- `leash budget pause` and `resume`: the same pause as a refusal's (no effect on aimd), and
+-- its end. Returns the seconds the pause now lasts / whether there was one.
+CREATE FUNCTION {{obj:budget_pause}}(p_name text, p_secs float8, p_reason text)
+RETURNS float8
+LANGUAGE plpgsql
+AS $$
+BEGIN
+  PERFORM {{obj:budget_settle}}(p_name, NULL, NULL, p_secs, p_reason);
+  RETURN (SELECT extract(epoch FROM x.paused_until - now())::float8
+            FROM {{obj:budgets}} x WHERE x.name = p_name);
+END $$;
+
+CREATE FUNCTION {{obj:budget_resume}}(p_name text) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+  UPDATE {{obj:budgets}} x SET paused_until = NULL, pause_reason = NULL, updated_at = now()
+   WHERE x.name = p_name;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  PERFORM {{obj:unhold}}('budget', p_name);
+  RETURN true;
 END $$;
