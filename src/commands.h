@@ -19,6 +19,8 @@ int cmd_inspect(struct cli *g, int argc, char **argv);
 int cmd_prune(struct cli *g, int argc, char **argv);
 int cmd_tenant(struct cli *g, int argc, char **argv);
 int cmd_budget(struct cli *g, int argc, char **argv);
+int cmd_pause(struct cli *g, int argc, char **argv);
+int cmd_resume(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */
 extern const char cli_global_help[];
