@@ -60,6 +60,12 @@ static const char workers_fmt[] =
    batch that started 10 s ago shows its real rate at once. open_total and shown_total are
    over every active batch, before the LIMIT. */
 #define WATCH_MAX_BATCHES 20
+/* Scopes claims skip now (sql/014_holds.sql): kind, scope, seconds left (NULL: until
+   resumed), reason. %s: the holds table. */
+static const char holds_fmt[] =
+  "SELECT kind, scope, round(extract(epoch FROM until - now())::numeric, 1)::text, reason "
+  "  FROM %s WHERE until IS NULL OR until > now() ORDER BY kind, scope COLLATE \"C\" LIMIT 100";
+
 static const char watch_fmt[] =
   "SELECT batch, "
   "       count(*) FILTER (WHERE status = " SQL_PENDING "), "
@@ -94,8 +100,8 @@ static int watch_sleep(double secs);
 static int terminal_columns(void);
 static double eta_of(long long open, double rate);
 static void print_json(const char *table, const char *tenant, const char *batch,
-                       PGresult *counts, PGresult *workers);
-static void print_text(const char *table, PGresult *counts, PGresult *workers);
+                       PGresult *counts, PGresult *workers, PGresult *holds);
+static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds);
 static long long ll_at(PGresult *r, int row, int col);
 
 int cmd_status(struct cli *g, int argc, char **argv)
@@ -159,8 +165,11 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
                        const char *batch, int as_json)
 {
   char err[DB_ERR_MAX], sql[1024];
-  PGresult *counts = NULL, *workers = NULL;
+  PGresult *counts = NULL, *workers = NULL, *holds = NULL;
   const char *params[] = { tenant, batch };
+  char *holds_t = db_table_object(t, c, "holds", 1);
+  if (!holds_t)
+    return cli_runtime_error(g, "out of memory");
   int rc = EXIT_RUNTIME;
   /* One snapshot for both reads, so the numbers add up. */
   if (db_command(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err, sizeof err) != 0)
@@ -171,11 +180,14 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
   snprintf(sql, sizeof sql, workers_fmt, t->qualified);
   if (!(workers = db_exec(c, sql, 2, params, err, sizeof err)))
     goto fail;
+  snprintf(sql, sizeof sql, holds_fmt, holds_t);
+  if (!(holds = db_exec(c, sql, 0, NULL, err, sizeof err)))
+    goto fail;
   db_command(c, "COMMIT", err, sizeof err);
   if (as_json)
-    print_json(g->table, tenant, batch, counts, workers);
+    print_json(g->table, tenant, batch, counts, workers, holds);
   else
-    print_text(g->table, counts, workers);
+    print_text(g->table, counts, workers, holds);
   rc = EXIT_OK;
   goto out;
 fail:
@@ -183,6 +195,8 @@ fail:
 out:
   PQclear(counts);
   PQclear(workers);
+  PQclear(holds);
+  free(holds_t);
   return rc;
 }
 
@@ -384,7 +398,7 @@ static json_t *count_value(PGresult *r, int col)
 }
 
 static void print_json(const char *table, const char *tenant, const char *batch,
-                       PGresult *counts, PGresult *workers)
+                       PGresult *counts, PGresult *workers, PGresult *holds)
 {
   json_t *o = json_object(), *cnt = json_object(), *w = json_object();
   json_object_set_new(o, "table", json_string(table));
@@ -412,6 +426,18 @@ static void print_json(const char *table, const char *tenant, const char *batch,
   double eta = eta_of(open, rate);
   json_object_set_new(o, "throughput_per_s_1m", json_real(round(rate * 1000) / 1000));
   json_object_set_new(o, "eta_s", eta >= 0 ? json_real(round(eta * 10) / 10) : json_null());
+  json_t *paused = json_array();
+  for (int i = 0; i < PQntuples(holds); i++) {
+    json_t *h = json_object();
+    json_object_set_new(h, "kind", json_string(PQgetvalue(holds, i, 0)));
+    json_object_set_new(h, "scope", json_string(PQgetvalue(holds, i, 1)));
+    json_object_set_new(h, "for_s", PQgetisnull(holds, i, 2) ? json_null()
+                                                             : json_real(atof(PQgetvalue(holds, i, 2))));
+    json_object_set_new(h, "reason", PQgetisnull(holds, i, 3) ? json_null()
+                                                              : json_string(PQgetvalue(holds, i, 3)));
+    json_array_append_new(paused, h);
+  }
+  json_object_set_new(o, "paused", paused);
   char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
   if (s)
     printf("%s\n", s);
@@ -419,7 +445,7 @@ static void print_json(const char *table, const char *tenant, const char *batch,
   json_decref(o);
 }
 
-static void print_text(const char *table, PGresult *counts, PGresult *workers)
+static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds)
 {
   long long pending = strtoll(PQgetvalue(counts, 0, 0), NULL, 10);
   long long runnable = strtoll(PQgetvalue(counts, 0, 1), NULL, 10);
@@ -444,4 +470,18 @@ static void print_text(const char *table, PGresult *counts, PGresult *workers)
   for (int i = 0; i < PQntuples(workers); i++)
     printf("worker   %s holds %s lease%s\n", PQgetvalue(workers, i, 0), PQgetvalue(workers, i, 1),
            strcmp(PQgetvalue(workers, i, 1), "1") == 0 ? "" : "s");
+  for (int i = 0; i < PQntuples(holds); i++) {
+    char line[1400], when[64];
+    if (PQgetisnull(holds, i, 2))
+      snprintf(when, sizeof when, "until resumed");
+    else
+      snprintf(when, sizeof when, "for %s s", PQgetvalue(holds, i, 2));
+    snprintf(line, sizeof line, "paused   %s %s (%s%s%s)", PQgetvalue(holds, i, 0),
+             PQgetvalue(holds, i, 1), when, PQgetisnull(holds, i, 3) ? "" : ": ",
+             PQgetvalue(holds, i, 3));
+    for (char *p = line; *p; p++)   /* names and reasons cannot forge a line */
+      if ((unsigned char)*p < 0x20 || *p == 0x7f)
+        *p = '?';
+    printf("%s\n", line);
+  }
 }
