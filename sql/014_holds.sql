@@ -1,7 +1,9 @@
--- Holds (issues #15 and #17; docs/ARCHITECTURE.md, "Holds"): scopes claims skip. A hold is
--- (kind, scope): a tenant, a batch or a budget (the task's `budget` column), held until a
--- time (a provider's Retry-After) or until lifted (`leash pause`, a spend cap). Held tasks
--- stay pending; nothing about them changes but whether claims look at them.
+-- Holds (issues #15 and #17; docs/ARCHITECTURE.md, "Holds and budgets"): scopes claims skip.
+-- A hold is (kind, scope, source): a tenant, a batch or a budget (the task's `budget`
+-- column), held by `leash pause` ('pause'), a provider's refusal ('provider') or a spend cap
+-- ('spend'), until a time or until lifted. Each source lifts only its own hold: raising a cap
+-- does not end an operator's pause, nor `leash resume` a cap. Held tasks stay pending;
+-- nothing about them changes but whether claims look at them.
 --
 -- Parking. A claim must not pay for what it may not take (011's heads keep busy shards'
 -- backlogs out of its index), and a held scope can be a whole night's batch. So a head
@@ -32,11 +34,12 @@ ALTER TABLE {{table}}
 CREATE TABLE IF NOT EXISTS {{obj:holds}} (
   kind       text NOT NULL CHECK (kind IN ('tenant', 'batch', 'budget')),
   scope      text NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 512),
+  source     text NOT NULL CHECK (source IN ('pause', 'provider', 'spend')),
   until      timestamptz,                  -- NULL: until lifted
   reason     text CHECK (octet_length(reason) <= 500),
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now(),
-  PRIMARY KEY (kind, scope)
+  PRIMARY KEY (kind, scope, source)
 );
 
 -- What claims read: pending heads that are not parked, by tenant, priority, age (011's
@@ -77,17 +80,18 @@ CREATE TRIGGER {{name:heads_park}} BEFORE UPDATE ON {{table}}
                          OR NEW.budget IS DISTINCT FROM OLD.budget))
   EXECUTE FUNCTION {{obj:heads_park}}();
 
--- Holds scope (p_kind, p_scope) until p_until (NULL: until lifted; a hold until lifted is
--- not shortened by one with an end, and ends only extend), and parks its heads.
-CREATE FUNCTION {{obj:hold}}(p_kind text, p_scope text, p_until timestamptz, p_reason text)
+-- Holds scope (p_kind, p_scope) for p_source until p_until (NULL: until lifted; a hold until
+-- lifted is not shortened by one with an end, and ends only extend), and parks its heads.
+CREATE FUNCTION {{obj:hold}}(p_kind text, p_scope text, p_source text, p_until timestamptz,
+                             p_reason text)
 RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
 BEGIN
-  INSERT INTO {{obj:holds}} AS x (kind, scope, until, reason)
-  VALUES (p_kind, p_scope, p_until, left(p_reason, 500))
-  ON CONFLICT (kind, scope) DO UPDATE
+  INSERT INTO {{obj:holds}} AS x (kind, scope, source, until, reason)
+  VALUES (p_kind, p_scope, p_source, p_until, left(p_reason, 500))
+  ON CONFLICT (kind, scope, source) DO UPDATE
      SET until = CASE WHEN x.until IS NULL OR EXCLUDED.until IS NULL THEN NULL
                       ELSE greatest(x.until, EXCLUDED.until) END,
          reason = EXCLUDED.reason, updated_at = now();
@@ -103,9 +107,9 @@ BEGIN
   END IF;
 END $$;
 
--- Lifts the hold (true when there was one) and unparks the heads no other hold covers; idle
--- workers are woken (LISTEN leash_<table oid>, as the insert trigger does).
-CREATE FUNCTION {{obj:unhold}}(p_kind text, p_scope text) RETURNS boolean
+-- Lifts p_source's hold (true when there was one) and unparks the heads no other hold covers;
+-- idle workers are woken (LISTEN leash_<table oid>, as the insert trigger does).
+CREATE FUNCTION {{obj:unhold}}(p_kind text, p_scope text, p_source text) RETURNS boolean
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
@@ -113,7 +117,8 @@ DECLARE
   there boolean;
   n int;
 BEGIN
-  DELETE FROM {{obj:holds}} x WHERE x.kind = p_kind AND x.scope = p_scope;
+  DELETE FROM {{obj:holds}} x
+   WHERE x.kind = p_kind AND x.scope = p_scope AND x.source = p_source;
   there := FOUND;
   UPDATE {{table}} q SET parked = false
    WHERE q.parked
@@ -136,8 +141,8 @@ DECLARE
   h record;
   n int := 0;
 BEGIN
-  FOR h IN SELECT x.kind, x.scope FROM {{obj:holds}} x WHERE x.until <= now() LOOP
-    PERFORM {{obj:unhold}}(h.kind, h.scope);
+  FOR h IN SELECT x.kind, x.scope, x.source FROM {{obj:holds}} x WHERE x.until <= now() LOOP
+    PERFORM {{obj:unhold}}(h.kind, h.scope, h.source);
     n := n + 1;
   END LOOP;
   RETURN n;

@@ -31,6 +31,14 @@
 -- back by about one per round of calls and the limit is dropped again once it reaches the
 -- configured concurrency (or 1000 with none): additive increase, multiplicative decrease.
 
+-- Spend. Prices per model (<table>_prices, per million input and output tokens) turn a
+-- call's usage into cost when its answer (or leash.usage) names the model and splits input
+-- from output. Every settled call's usage is a row of <table>_usage (task, attempt, tenant,
+-- batch, budget, model, tokens, cost), and its cost is added to its tenant's and its batch's
+-- row of <table>_spend. A scope whose spend reaches its cap is held (014, source 'spend'):
+-- claims stop taking its tasks; raising or dropping the cap (`leash spend cap`) lifts it.
+-- Tasks already running finish, so a cap can be passed by what they spend.
+
 CREATE TABLE IF NOT EXISTS {{obj:budgets}} (
   name          text PRIMARY KEY
                 CHECK (octet_length(name) BETWEEN 1 AND 200 AND name !~ '[[:cntrl:]]'),
@@ -60,6 +68,75 @@ CREATE TABLE IF NOT EXISTS {{obj:budget_calls}} (
 );
 
 CREATE INDEX IF NOT EXISTS {{name:budget_calls_window}} ON {{obj:budget_calls}} (budget, at);
+
+CREATE TABLE IF NOT EXISTS {{obj:prices}} (
+  model           text PRIMARY KEY CHECK (octet_length(model) BETWEEN 1 AND 127),
+  input_per_mtok  numeric NOT NULL CHECK (input_per_mtok >= 0),
+  output_per_mtok numeric NOT NULL CHECK (output_per_mtok >= 0),
+  updated_at      timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS {{obj:usage}} (
+  id            bigserial PRIMARY KEY,
+  at            timestamptz NOT NULL DEFAULT now(),
+  task_id       bigint,
+  attempt       int,
+  tenant_id     text,
+  batch         text,
+  budget        text NOT NULL,
+  model         text,
+  input_tokens  bigint,
+  output_tokens bigint,
+  tokens        bigint NOT NULL,
+  cost          numeric            -- NULL: the model has no price, or input/output unknown
+);
+CREATE INDEX IF NOT EXISTS {{name:usage_task}} ON {{obj:usage}} (task_id);
+CREATE INDEX IF NOT EXISTS {{name:usage_batch}} ON {{obj:usage}} (batch, at);
+
+CREATE TABLE IF NOT EXISTS {{obj:spend}} (
+  kind       text NOT NULL CHECK (kind IN ('tenant', 'batch')),
+  scope      text NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 512),
+  spent      numeric NOT NULL DEFAULT 0,
+  cap        numeric CHECK (cap >= 0),    -- NULL: none
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (kind, scope)
+);
+
+-- Adds p_cost to a scope's spend; holds the scope when that reaches its cap.
+CREATE FUNCTION {{obj:spend_add}}(p_kind text, p_scope text, p_cost numeric) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+  s {{obj:spend}};
+BEGIN
+  INSERT INTO {{obj:spend}} AS x (kind, scope, spent) VALUES (p_kind, p_scope, p_cost)
+  ON CONFLICT (kind, scope) DO UPDATE SET spent = x.spent + EXCLUDED.spent, updated_at = now()
+  RETURNING x.* INTO s;
+  IF s.cap IS NOT NULL AND s.spent >= s.cap AND s.spent - p_cost < s.cap THEN
+    PERFORM {{obj:hold}}(p_kind, p_scope, 'spend', NULL,
+                         format('spend cap: spent %s of %s', round(s.spent, 4), s.cap));
+  END IF;
+END $$;
+
+-- `leash spend cap`: sets (p_cap NULL: drops) a scope's cap, and holds or lifts the scope as
+-- its spend now stands. Returns the spend so far.
+CREATE FUNCTION {{obj:spend_cap}}(p_kind text, p_scope text, p_cap numeric) RETURNS numeric
+LANGUAGE plpgsql
+AS $$
+DECLARE
+  s {{obj:spend}};
+BEGIN
+  INSERT INTO {{obj:spend}} AS x (kind, scope, cap) VALUES (p_kind, p_scope, p_cap)
+  ON CONFLICT (kind, scope) DO UPDATE SET cap = EXCLUDED.cap, updated_at = now()
+  RETURNING x.* INTO s;
+  IF s.cap IS NOT NULL AND s.spent >= s.cap THEN
+    PERFORM {{obj:hold}}(p_kind, p_scope, 'spend', NULL,
+                         format('spend cap: spent %s of %s', round(s.spent, 4), s.cap));
+  ELSE
+    PERFORM {{obj:unhold}}(p_kind, p_scope, 'spend');
+  END IF;
+  RETURN s.spent;
+END $$;
 
 -- Grants one call of p_tokens (an estimate; 0 when unknown) to budget p_name, held in flight
 -- for at most p_hold_s seconds and while the lease (p_task, p_token) holds, or says how long
@@ -147,8 +224,11 @@ END $$;
 -- (extended, never shortened, by later refusals), with p_reason; the first refusal of a
 -- pause halves the effective concurrency. A success grows it back (see the top).
 -- p_call NULL: a pause that no grant preceded (leash.budget.pause, `leash budget pause`).
+-- With a usage (p_tokens; p_model, p_input, p_output when the answer said), the call is a
+-- <table>_usage row and its cost is spend (see the top).
 CREATE FUNCTION {{obj:budget_settle}}(p_name text, p_call bigint, p_tokens bigint,
-                                      p_pause_s float8, p_reason text)
+                                      p_pause_s float8, p_reason text, p_model text,
+                                      p_input bigint, p_output bigint)
 RETURNS void
 LANGUAGE plpgsql
 SET jit = off
@@ -158,13 +238,31 @@ DECLARE
   active int;
   delta bigint := 0;
   until timestamptz;
+  tid bigint;
+  t record;
+  cost numeric;
 BEGIN
   INSERT INTO {{obj:budgets}} AS x (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
   IF p_call IS NOT NULL THEN
     UPDATE {{obj:budget_calls}} c
        SET released = true, tokens = coalesce(greatest(p_tokens, 0), c.tokens)
      WHERE c.id = p_call AND c.budget = p_name
-    RETURNING c.tokens INTO delta;
+    RETURNING c.tokens, c.task_id INTO delta, tid;
+  END IF;
+  IF p_tokens IS NOT NULL THEN
+    SELECT q.tenant_id, q.batch, q.attempts INTO t FROM {{table}} q WHERE q.id = tid;
+    SELECT p_input * p.input_per_mtok / 1000000 + p_output * p.output_per_mtok / 1000000
+      INTO cost FROM {{obj:prices}} p WHERE p.model = p_model;
+    INSERT INTO {{obj:usage}} (task_id, attempt, tenant_id, batch, budget, model, input_tokens,
+                               output_tokens, tokens, cost)
+    VALUES (tid, t.attempts, t.tenant_id, t.batch, p_name, p_model, p_input, p_output,
+            greatest(p_tokens, 0), cost);
+    IF cost > 0 AND t.tenant_id IS NOT NULL THEN
+      PERFORM {{obj:spend_add}}('tenant', t.tenant_id, cost);
+      IF t.batch IS NOT NULL THEN
+        PERFORM {{obj:spend_add}}('batch', t.batch, cost);
+      END IF;
+    END IF;
   END IF;
   IF p_pause_s IS NOT NULL THEN
     SELECT count(*) INTO active FROM {{obj:budget_calls}} c
@@ -182,7 +280,8 @@ BEGIN
      WHERE x.name = p_name
     RETURNING x.paused_until INTO until;
     -- Claims skip the tasks that carry the budget until then (014).
-    PERFORM {{obj:hold}}('budget', p_name, until, left(coalesce(p_reason, 'paused'), 500));
+    PERFORM {{obj:hold}}('budget', p_name, 'provider', until,
+                         left(coalesce(p_reason, 'paused'), 500));
   ELSE
     UPDATE {{obj:budgets}} x
        SET aimd = CASE WHEN x.aimd IS NULL
@@ -200,7 +299,7 @@ RETURNS float8
 LANGUAGE plpgsql
 AS $$
 BEGIN
-  PERFORM {{obj:budget_settle}}(p_name, NULL, NULL, p_secs, p_reason);
+  PERFORM {{obj:budget_settle}}(p_name, NULL, NULL, p_secs, p_reason, NULL, NULL, NULL);
   RETURN (SELECT extract(epoch FROM x.paused_until - now())::float8
             FROM {{obj:budgets}} x WHERE x.name = p_name);
 END $$;
@@ -214,6 +313,6 @@ BEGIN
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  PERFORM {{obj:unhold}}('budget', p_name);
+  PERFORM {{obj:unhold}}('budget', p_name, 'provider');
   RETURN true;
 END $$;

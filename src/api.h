@@ -36,11 +36,13 @@ const char *api_budget_name(lua_State *L, int idx, const char *what);
 void api_budget_begin(lua_State *L, const char *what, const char *name, long long tokens,
                       double hold_s, struct budget_call *bc);
 
-/* [-0, +0, -] The call is over: used its tokens (-1: unknown, the estimate stands);
+/* [-0, +0, -] The call is over: used is what it used (NULL or used->total < 0: unknown, the
+   estimate stands; with input, output and a priced model it is also spend, sql/015);
    pause_s >= 0 pauses the budget for the fleet that long with reason (a refusal). Never
    raises: a failure is logged (the call's hold runs out by itself). 0 or -1. */
-int api_budget_end(lua_State *L, struct budget_call *bc, long long used, double pause_s,
-                   const char *reason);
+struct provider_usage;
+int api_budget_end(lua_State *L, struct budget_call *bc, const struct provider_usage *used,
+                   double pause_s, const char *reason);
 
 /* [-0, +0, v] The provider refused the call (429/503) and asked for wait_s: pauses the budget
    for the fleet and yields the task until then (spending no slot meanwhile). from names the

@@ -35,7 +35,7 @@
 struct budget_hold {
   char name[BUDGET_NAME_MAX + 1];
   long long call_id;
-  long long used;                 /* tokens reported (leash.usage, answers); -1: none */
+  struct provider_usage used;     /* reported by leash.usage or the answers; total -1: none */
   struct budget_hold *outer;
 };
 
@@ -98,25 +98,48 @@ void api_budget_begin(lua_State *L, const char *what, const char *name, long lon
   }
 }
 
-int api_budget_end(lua_State *L, struct budget_call *bc, long long used, double pause_s,
-                   const char *reason)
+/* Adds b to a (a count of -1 is "not said"). */
+static void usage_add(struct provider_usage *a, const struct provider_usage *b)
 {
+  if (b->input >= 0)
+    a->input = (a->input < 0 ? 0 : a->input) + b->input;
+  if (b->output >= 0)
+    a->output = (a->output < 0 ? 0 : a->output) + b->output;
+  if (b->total >= 0)
+    a->total = (a->total < 0 ? 0 : a->total) + b->total;
+  if (b->model[0])
+    snprintf(a->model, sizeof a->model, "%s", b->model);
+}
+
+int api_budget_end(lua_State *L, struct budget_call *bc, const struct provider_usage *used,
+                   double pause_s, const char *reason)
+{
+  if (used && used->total < 0)
+    used = NULL;
   if (bc->hold) {
-    if (used >= 0)
-      bc->hold->used = (bc->hold->used < 0 ? 0 : bc->hold->used) + used;
+    if (used)
+      usage_add(&bc->hold->used, used);
     if (pause_s < 0)
       return 0;
+    used = NULL;   /* the block's own grant settles its usage when the block ends */
   }
   if (bc->id < 0 && pause_s < 0)
     return 0;
-  char id[24], toks[24], pause[32], err[512];
+  char id[24], toks[24], in[24], out[24], pause[32], err[512];
   snprintf(id, sizeof id, "%lld", bc->id);
-  snprintf(toks, sizeof toks, "%lld", used);
   snprintf(pause, sizeof pause, "%.3f", pause_s);
-  const char *params[] = { bc->name, bc->id >= 0 ? id : NULL, used >= 0 ? toks : NULL,
-                           pause_s >= 0 ? pause : NULL, reason };
+  if (used) {
+    snprintf(toks, sizeof toks, "%lld", used->total);
+    snprintf(in, sizeof in, "%lld", used->input);
+    snprintf(out, sizeof out, "%lld", used->output);
+  }
+  const char *params[] = { bc->name, bc->id >= 0 ? id : NULL, used ? toks : NULL,
+                           pause_s >= 0 ? pause : NULL, reason,
+                           used && used->model[0] ? used->model : NULL,
+                           used && used->input >= 0 ? in : NULL,
+                           used && used->output >= 0 ? out : NULL };
   PGresult *r = NULL;
-  int rc = exec(L, taskctx_of(L)->host->sql->budget_settle, 5, params, &r, err, sizeof err);
+  int rc = exec(L, taskctx_of(L)->host->sql->budget_settle, 8, params, &r, err, sizeof err);
   PQclear(r);
   bc->id = -1;
   if (rc != 0)   /* the call's hold runs out by itself: the grant is not lost for good */
@@ -128,7 +151,7 @@ void api_budget_refused(lua_State *L, struct budget_call *bc, double wait_s, con
 {
   char reason[300];
   snprintf(reason, sizeof reason, "refused by %s", from);
-  api_budget_end(L, bc, -1, wait_s, reason);
+  api_budget_end(L, bc, NULL, wait_s, reason);
   taskctx_yield(L, CAUSE_BUDGET, wait_s + jitter(wait_s),
                 "budget '%s' paused for %.1f s: %s; the task gave its slot back and runs "
                 "again then", bc->name, wait_s, reason);
@@ -158,7 +181,7 @@ static int l_hold(lua_State *L)
   struct budget_hold *hold = lua_newuserdatauv(L, sizeof *hold, 0);
   memset(hold, 0, sizeof *hold);
   snprintf(hold->name, sizeof hold->name, "%s", name);
-  hold->used = -1;
+  hold->used = (struct provider_usage){ .input = -1, .output = -1, .total = -1 };
   lua_replace(L, 1);             /* keeps the block alive; name now lives in hold */
   lua_remove(L, 2);              /* fn and its arguments from 2 */
   double left = taskctx_time_left(ctx);
@@ -170,7 +193,7 @@ static int l_hold(lua_State *L)
   ctx->holds = hold;
   int rc = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
   ctx->holds = hold->outer;
-  api_budget_end(L, &bc, hold->used, -1, NULL);
+  api_budget_end(L, &bc, &hold->used, -1, NULL);
   if (rc != LUA_OK)
     return lua_error(L);
   return lua_gettop(L) - 1;
@@ -190,13 +213,14 @@ static int l_pause(lua_State *L)
   luaL_argcheck(L, rn <= 300, 3, "reason must be at most 300 bytes");
   taskctx_check_live(L, "leash.budget.pause");
   struct budget_call bc = { .name = name, .id = -1 };
-  if (api_budget_end(L, &bc, -1, secs, reason) != 0)
+  if (api_budget_end(L, &bc, NULL, secs, reason) != 0)
     return luaL_error(L, "leash.budget.pause: budget '%s' could not be paused", name);
   return 0;
 }
 
-/* leash.usage{tokens = n} or {input_tokens = a, output_tokens = b}: the innermost
-   leash.budget.hold's usage (replacing what its calls' answers reported). */
+/* leash.usage{tokens = n} or {input_tokens = a, output_tokens = b} [, model = m]: the
+   innermost leash.budget.hold's usage, replacing what its calls' answers reported (input,
+   output and a priced model make it spend too). */
 int api_usage(lua_State *L)
 {
   luaL_checktype(L, 1, LUA_TTABLE);
@@ -204,8 +228,9 @@ int api_usage(lua_State *L)
   if (!ctx->holds)
     return luaL_error(L, "leash.usage: only inside leash.budget.hold (calls made with "
                       "budget = read their usage from the answer)");
-  long long total = -1;
+  struct provider_usage u = { .input = -1, .output = -1, .total = -1 };
   static const char *const keys[] = { "tokens", "input_tokens", "output_tokens" };
+  long long *slot[] = { &u.total, &u.input, &u.output };
   for (int i = 0; i < 3; i++) {
     lua_getfield(L, 1, keys[i]);
     if (!lua_isnil(L, -1)) {
@@ -213,15 +238,25 @@ int api_usage(lua_State *L)
       lua_Integer n = lua_tointegerx(L, -1, &ok);
       if (!ok || n < 0)
         return luaL_error(L, "leash.usage: %s must be an integer >= 0", keys[i]);
-      if (i == 0 && total >= 0)
-        return luaL_error(L, "leash.usage: give tokens or input_tokens/output_tokens");
-      total = (total < 0 ? 0 : total) + (long long)n;
+      *slot[i] = (long long)n;
     }
     lua_pop(L, 1);
   }
-  if (total < 0)
+  if ((u.total >= 0) == (u.input >= 0 || u.output >= 0))
     return luaL_error(L, "leash.usage: give tokens or input_tokens/output_tokens");
-  ctx->holds->used = total;
+  if (u.total < 0)
+    u.total = (u.input < 0 ? 0 : u.input) + (u.output < 0 ? 0 : u.output);
+  lua_getfield(L, 1, "model");
+  if (!lua_isnil(L, -1)) {
+    size_t n;
+    const char *m = lua_tolstring(L, -1, &n);
+    if (lua_type(L, -1) != LUA_TSTRING || n == 0 || n >= sizeof u.model)
+      return luaL_error(L, "leash.usage: model must be a string of 1 to %d bytes",
+                        (int)sizeof u.model - 1);
+    memcpy(u.model, m, n + 1);
+  }
+  lua_pop(L, 1);
+  ctx->holds->used = u;
   return 0;
 }
 

@@ -194,7 +194,7 @@ static int l_request(lua_State *L)
     CURLcode rc = curl_easy_perform(c);
     if (rc != CURLE_OK) {
       if (budget)
-        api_budget_end(L, &bc, -1, -1, NULL);
+        api_budget_end(L, &bc, NULL, -1, NULL);
       if (call->aborted)
         return luaL_error(L, "leash.http.request: %s (%s %s)", call->aborted, method, where);
       if (call->too_big)
@@ -207,7 +207,9 @@ static int l_request(lua_State *L)
     if (!budget)
       break;
     if (status != 429 && status != 503) {
-      api_budget_end(L, &bc, provider_usage(call->body.s, call->body.len, NULL, 0), -1, NULL);
+      struct provider_usage used;
+      provider_usage(call->body.s, call->body.len, &used);
+      api_budget_end(L, &bc, &used, -1, NULL);
       break;
     }
     double wait = provider_wait_s(call->head.s, call->head.len, time(NULL));
@@ -222,7 +224,7 @@ static int l_request(lua_State *L)
     /* Paused for the fleet; the next grant waits the pause out, then the call goes again. */
     char reason[300];
     snprintf(reason, sizeof reason, "refused by %s", where);
-    api_budget_end(L, &bc, -1, wait, reason);
+    api_budget_end(L, &bc, NULL, wait, reason);
   }
   lua_createtable(L, 0, 3);
   lua_pushinteger(L, status);

@@ -64,7 +64,8 @@ static const char resume_fmt[] = "SELECT 1 WHERE %s($1)";
 
 /* %s: the budgets table, <table>_unhold (its tasks are no longer held). */
 static const char delete_fmt[] =
-  "WITH d AS (DELETE FROM %s WHERE name = $1 RETURNING name) SELECT %s('budget', name) FROM d";
+  "WITH d AS (DELETE FROM %s WHERE name = $1 RETURNING name) "
+  "SELECT %s('budget', name, 'provider') FROM d";
 
 /* Every budget (or $1's) as JSON built by PostgreSQL, in one snapshot. %s: budgets, calls. */
 static const char show_fmt[] =

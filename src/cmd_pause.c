@@ -25,7 +25,7 @@ static const char pause_usage[] =
   "                        same by itself: see leash budget)\n"
   "  --for DURATION        end the pause by itself after DURATION (30s, 10m, 2h; default: none)\n"
   "  --reason TEXT         why, shown by --list (at most 300 bytes)\n"
-  "  --list                the scopes paused now: kind, scope, pending tasks, until, reason\n"
+  "  --list                the scopes paused now: kind, scope, by, pending tasks, until, reason\n"
   "  --json                --list as one JSON object\n\n";
 
 static const char resume_usage[] =
@@ -38,17 +38,18 @@ enum { OPT_TENANT = OPT_COMMAND_BASE, OPT_BATCH, OPT_BUDGET, OPT_FOR, OPT_REASON
 
 /* %s: <table>_hold. $1 kind, $2 scope, $3 seconds (NULL: none), $4 reason. */
 static const char hold_fmt[] =
-  "SELECT %s($1, $2, now() + make_interval(secs => $3::float8), $4)";
+  "SELECT %s($1, $2, 'pause', now() + make_interval(secs => $3::float8), $4)";
 
-/* %s: <table>_unhold, then <table>_budget_resume (a budget's own pause goes too). */
+/* %s: <table>_unhold, then <table>_budget_resume (a budget's provider pause goes too; a spend
+   cap stays until it is raised). */
 static const char unhold_fmt[] =
-  "SELECT %s($1, $2) OR ($1 = 'budget' AND %s($2))";
+  "SELECT %s($1, $2, 'pause') OR ($1 = 'budget' AND %s($2))";
 
 /* The holds as JSON, with the pending tasks each covers (counted from the row's own columns:
    a scan of the pending rows, fine for a command). %s: holds, the queue. */
 static const char list_fmt[] =
   "SELECT json_build_object('holds', coalesce(json_agg(json_build_object("
-  "    'kind', h.kind, 'scope', h.scope,"
+  "    'kind', h.kind, 'scope', h.scope, 'by', h.source,"
   "    'until', to_char(h.until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
   "    'reason', h.reason, 'pending', ("
   "      SELECT count(*) FROM %s q WHERE q.status = " SQL_PENDING
@@ -239,14 +240,16 @@ static int print_list(struct cli *g, PGconn *c, const struct db_table *t, int as
   }
   json_t *list = json_object_get(o, "holds"), *e;
   size_t i;
-  printf("%-7s %-30s %9s  %-27s  %s\n", "kind", "scope", "pending", "until", "reason");
+  printf("%-7s %-30s %-9s %9s  %-27s  %s\n", "kind", "scope", "by", "pending", "until",
+         "reason");
   json_array_foreach(list, i, e) {
     char line[1200];
     const char *until = json_string_value(json_object_get(e, "until"));
     const char *why = json_string_value(json_object_get(e, "reason"));
-    snprintf(line, sizeof line, "%-7s %-30s %9lld  %-27s  %s",
+    snprintf(line, sizeof line, "%-7s %-30s %-9s %9lld  %-27s  %s",
              json_string_value(json_object_get(e, "kind")),
              json_string_value(json_object_get(e, "scope")),
+             json_string_value(json_object_get(e, "by")),
              (long long)json_integer_value(json_object_get(e, "pending")),
              until ? until : "resumed by hand", why ? why : "");
     for (char *p = line; *p; p++)   /* names and reasons cannot forge a line */

@@ -63,8 +63,10 @@ static const char workers_fmt[] =
 /* Scopes claims skip now (sql/014_holds.sql): kind, scope, seconds left (NULL: until
    resumed), reason. %s: the holds table. */
 static const char holds_fmt[] =
-  "SELECT kind, scope, round(extract(epoch FROM until - now())::numeric, 1)::text, reason "
-  "  FROM %s WHERE until IS NULL OR until > now() ORDER BY kind, scope COLLATE \"C\" LIMIT 100";
+  "SELECT kind, scope, round(extract(epoch FROM until - now())::numeric, 1)::text, reason, "
+  "       source "
+  "  FROM %s WHERE until IS NULL OR until > now() "
+  " ORDER BY kind, scope COLLATE \"C\", source LIMIT 100";
 
 static const char watch_fmt[] =
   "SELECT batch, "
@@ -431,6 +433,7 @@ static void print_json(const char *table, const char *tenant, const char *batch,
     json_t *h = json_object();
     json_object_set_new(h, "kind", json_string(PQgetvalue(holds, i, 0)));
     json_object_set_new(h, "scope", json_string(PQgetvalue(holds, i, 1)));
+    json_object_set_new(h, "by", json_string(PQgetvalue(holds, i, 4)));
     json_object_set_new(h, "for_s", PQgetisnull(holds, i, 2) ? json_null()
                                                              : json_real(atof(PQgetvalue(holds, i, 2))));
     json_object_set_new(h, "reason", PQgetisnull(holds, i, 3) ? json_null()
@@ -476,9 +479,9 @@ static void print_text(const char *table, PGresult *counts, PGresult *workers, P
       snprintf(when, sizeof when, "until resumed");
     else
       snprintf(when, sizeof when, "for %s s", PQgetvalue(holds, i, 2));
-    snprintf(line, sizeof line, "paused   %s %s (%s%s%s)", PQgetvalue(holds, i, 0),
-             PQgetvalue(holds, i, 1), when, PQgetisnull(holds, i, 3) ? "" : ": ",
-             PQgetvalue(holds, i, 3));
+    snprintf(line, sizeof line, "paused   %s %s by %s (%s%s%s)", PQgetvalue(holds, i, 0),
+             PQgetvalue(holds, i, 1), PQgetvalue(holds, i, 4), when,
+             PQgetisnull(holds, i, 3) ? "" : ": ", PQgetvalue(holds, i, 3));
     for (char *p = line; *p; p++)   /* names and reasons cannot forge a line */
       if ((unsigned char)*p < 0x20 || *p == 0x7f)
         *p = '?';

@@ -240,10 +240,10 @@ static long long count_of(json_t *o, const char *key)
   return n >= 0 && n <= 1000000000000LL ? (long long)n : -1;
 }
 
-long long provider_usage(const char *body, size_t len, char *model, size_t n)
+int provider_usage(const char *body, size_t len, struct provider_usage *u)
 {
-  if (model && n)
-    model[0] = '\0';
+  u->input = u->output = u->total = -1;
+  u->model[0] = '\0';
   if (!body || len == 0 || len > PROVIDER_MAX_USAGE_BODY)
     return -1;
   size_t i = 0;
@@ -254,27 +254,31 @@ long long provider_usage(const char *body, size_t len, char *model, size_t n)
   json_t *doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
   if (!doc)
     return -1;
-  long long total = -1;
-  json_t *u = json_object_get(doc, "usage");
-  if (json_is_object(u)) {
-    long long t = count_of(u, "total_tokens");
-    if (t >= 0) {
-      total = t;
-    } else {
-      static const char *const parts[] = { "prompt_tokens", "completion_tokens",
-                                           "input_tokens", "output_tokens",
-                                           "cache_creation_input_tokens",
-                                           "cache_read_input_tokens" };
-      for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
-        long long p = count_of(u, parts[k]);
-        if (p >= 0)
-          total = (total < 0 ? 0 : total) + p;
-      }
+  json_t *usage = json_object_get(doc, "usage");
+  if (json_is_object(usage)) {
+    static const char *const inputs[] = { "prompt_tokens", "input_tokens",
+                                          "cache_creation_input_tokens",
+                                          "cache_read_input_tokens" };
+    static const char *const outputs[] = { "completion_tokens", "output_tokens" };
+    for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++) {
+      long long p = count_of(usage, inputs[k]);
+      if (p >= 0)
+        u->input = (u->input < 0 ? 0 : u->input) + p;
     }
+    for (size_t k = 0; k < sizeof outputs / sizeof outputs[0]; k++) {
+      long long p = count_of(usage, outputs[k]);
+      if (p >= 0)
+        u->output = (u->output < 0 ? 0 : u->output) + p;
+    }
+    long long t = count_of(usage, "total_tokens");
+    if (t >= 0)
+      u->total = t;
+    else if (u->input >= 0 || u->output >= 0)
+      u->total = (u->input < 0 ? 0 : u->input) + (u->output < 0 ? 0 : u->output);
   }
   const char *m = json_string_value(json_object_get(doc, "model"));
-  if (model && n && m)
-    snprintf(model, n, "%s", m);
+  if (m)
+    snprintf(u->model, sizeof u->model, "%s", m);
   json_decref(doc);
-  return total;
+  return u->total >= 0 ? 0 : -1;
 }

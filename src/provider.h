@@ -36,13 +36,20 @@ double provider_go_duration(const char *s, size_t n);
    since the epoch, or -1. Exposed for tests. */
 double provider_rfc3339(const char *s, size_t n);
 
-/* The tokens an OpenAI- or Anthropic-shaped JSON answer says it used: usage.total_tokens, or
-   prompt_tokens + completion_tokens (OpenAI chat and responses: input_tokens + output_tokens
-   too), or input_tokens + output_tokens + cache_creation_input_tokens +
-   cache_read_input_tokens (Anthropic). model (when given, n >= 1) gets the answer's "model"
-   string, cut to fit, or "". Returns the tokens (>= 0), or -1 when the body is not JSON or
-   reports no usage. Bodies over PROVIDER_MAX_USAGE_BODY are not parsed (-1). */
+/* What an OpenAI- or Anthropic-shaped JSON answer says the call used. */
+struct provider_usage {
+  long long input;     /* prompt_tokens / input_tokens (+ Anthropic's cache counts); -1: not said */
+  long long output;    /* completion_tokens / output_tokens; -1: not said */
+  long long total;     /* total_tokens, else input + output; -1: no usage at all */
+  char model[128];     /* the answer's "model", cut to fit; "" when absent */
+};
+
+/* Fills u from body: OpenAI chat and responses (usage.prompt_tokens, completion_tokens,
+   total_tokens; input_tokens, output_tokens) and Anthropic (usage.input_tokens,
+   output_tokens, cache_creation_input_tokens, cache_read_input_tokens). Returns 0, or -1
+   (u->total -1) when the body is not a JSON object, reports no usage, or is larger than
+   PROVIDER_MAX_USAGE_BODY. Counts that are not integers in [0, 1e12] are not read. */
 #define PROVIDER_MAX_USAGE_BODY (8u * 1024 * 1024)
-long long provider_usage(const char *body, size_t len, char *model, size_t n);
+int provider_usage(const char *body, size_t len, struct provider_usage *u);
 
 #endif

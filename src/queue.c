@@ -633,8 +633,8 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
                                  "FROM %s($1, $2::bigint, $3::float8, $4::bigint, $5::bigint)",
                                  grant);
   if (settle)
-    s->budget_settle = format_sql("SELECT %s($1, $2::bigint, $3::bigint, $4::float8, $5)",
-                                  settle);
+    s->budget_settle = format_sql("SELECT %s($1, $2::bigint, $3::bigint, $4::float8, $5, $6, "
+                                  "$7::bigint, $8::bigint)", settle);
   free(grant);
   free(settle);
   if (!s->step_get || !s->step_put || !s->enqueue || !s->budget_grant || !s->budget_settle) {

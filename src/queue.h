@@ -106,7 +106,8 @@ struct queue_script_sql {
                         lease: $9 id, $10 owner, $11 token → its id if written */
   char *budget_grant;  /* $1 budget, $2 tokens, $3 hold (s), $4 task id, $5 its token →
                           granted, call_id, wait_s, why (sql/014_budgets.sql) */
-  char *budget_settle; /* $1 budget, $2 call id, $3 tokens used, $4 pause (s), $5 reason */
+  char *budget_settle; /* $1 budget, $2 call id, $3 tokens used, $4 pause (s), $5 reason,
+                          $6 model, $7 input tokens, $8 output tokens */
 };
 
 /* Fills s for table t; 0, or -1 when out of memory (s is then freed). */

@@ -97,16 +97,23 @@ static void hostile_waits_are_ignored_or_capped(void)
 
 static void usage_is_read_from_openai_and_anthropic_answers(void)
 {
-  char model[64];
+  struct provider_usage u;
   const char *openai = "{\"model\":\"gpt-4o-mini\",\"usage\":{\"prompt_tokens\":12,"
                        "\"completion_tokens\":30,\"total_tokens\":42}}";
-  CHECK(provider_usage(openai, strlen(openai), model, sizeof model) == 42);
-  CHECK(strcmp(model, "gpt-4o-mini") == 0);
+  CHECK(provider_usage(openai, strlen(openai), &u) == 0);
+  CHECK(u.total == 42 && u.input == 12 && u.output == 30);
+  CHECK(strcmp(u.model, "gpt-4o-mini") == 0);
   const char *no_total = "{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}";
-  CHECK(provider_usage(no_total, strlen(no_total), NULL, 0) == 12);
+  CHECK(provider_usage(no_total, strlen(no_total), &u) == 0 && u.total == 12);
+  CHECK(u.model[0] == '\0');
   const char *anthropic = "{\"model\":\"claude\",\"usage\":{\"input_tokens\":100,"
                           "\"output_tokens\":20,\"cache_read_input_tokens\":3}}";
-  CHECK(provider_usage(anthropic, strlen(anthropic), model, sizeof model) == 123);
+  CHECK(provider_usage(anthropic, strlen(anthropic), &u) == 0);
+  CHECK(u.total == 123 && u.input == 103 && u.output == 20);
+  /* A model name longer than the buffer is cut, not overrun. */
+  char big[400];
+  snprintf(big, sizeof big, "{\"model\":\"%0300d\",\"usage\":{\"total_tokens\":1}}", 0);
+  CHECK(provider_usage(big, strlen(big), &u) == 0 && strlen(u.model) == sizeof u.model - 1);
   /* Not JSON, no usage, hostile counts: unknown (-1), never a crash or a negative. */
   static const char *const none[] = { "", "not json", "[1,2]", "{\"usage\":5}", "{}",
                                       "{\"usage\":{\"total_tokens\":-4}}",
@@ -114,8 +121,10 @@ static void usage_is_read_from_openai_and_anthropic_answers(void)
                                       "{\"usage\":{\"total_tokens\":\"12\"}}",
                                       "{\"usage\":{\"total_tokens\":99999999999999999999}}",
                                       "{\"usage\":{\"prompt_tokens\":1}", "   " };
-  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
-    CHECK(provider_usage(none[i], strlen(none[i]), model, sizeof model) == -1);
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+    CHECK(provider_usage(none[i], strlen(none[i]), &u) == -1);
+    CHECK(u.total == -1);
+  }
 }
 
 int main(int argc, char **argv)

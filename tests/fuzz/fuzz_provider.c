@@ -5,7 +5,7 @@
  * used both ways, with no NUL added: the parsers take (pointer, length) and must never read
  * past it (ASan checks). Every answer must be within what provider.h promises: a wait is -1
  * or in [0, PROVIDER_MAX_WAIT_S]; a duration or a time is -1 or finite and >= 0; usage is -1
- * or >= 0; the model name is NUL-terminated within its buffer.
+ * or >= 0, and its model name NUL-terminated within its buffer.
  */
 #include <math.h>
 #include <string.h>
@@ -27,11 +27,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   FUZZ_CHECK(d == -1 || (isfinite(d) && d >= 0));
   double t = provider_rfc3339(s, size);
   FUZZ_CHECK(t == -1 || isfinite(t));
-  char model[16];
-  memset(model, 'x', sizeof model);
-  long long u = provider_usage(s, size, model, sizeof model);
-  FUZZ_CHECK(u >= -1);
-  FUZZ_CHECK(memchr(model, '\0', sizeof model) != NULL);
+  struct provider_usage u;
+  memset(&u, 'x', sizeof u);
+  int got = provider_usage(s, size, &u);
+  FUZZ_CHECK(got == 0 ? u.total >= 0 : u.total == -1);
+  FUZZ_CHECK(u.input >= -1 && u.output >= -1);
+  FUZZ_CHECK(memchr(u.model, '\0', sizeof u.model) != NULL);
   free(s);
   return 0;
 }

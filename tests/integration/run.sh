@@ -578,8 +578,9 @@ SQL
   # Since 011 the claim reads heads only (heads_ready_idx since 014): never claim_idx, whose rows include
   # every pending row parked behind a busy shard.
   assert_contains "the claim walks heads_ready_idx" "$out" "Index Scan using agent_work_queue_heads_ready_idx"
-  if grep -q "Seq Scan on agent_work_queue" <<<"$out"; then
-    fail "a plan of the cycle scans the table: $(grep -B3 -A3 "Seq Scan on agent_work_queue" <<<"$out" | head -20)"
+  # (The queue table itself: a scan of a side table of a few rows, the holds, is fine.)
+  if grep -qE "Seq Scan on agent_work_queue( |$)" <<<"$out"; then
+    fail "a plan of the cycle scans the table: $(grep -E -B3 -A3 "Seq Scan on agent_work_queue( |$)" <<<"$out" | head -20)"
   fi
 }
 
