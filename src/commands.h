@@ -20,6 +20,7 @@ int cmd_prune(struct cli *g, int argc, char **argv);
 int cmd_tenant(struct cli *g, int argc, char **argv);
 int cmd_budget(struct cli *g, int argc, char **argv);
 int cmd_pause(struct cli *g, int argc, char **argv);
+int cmd_spend(struct cli *g, int argc, char **argv);
 int cmd_resume(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */

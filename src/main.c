@@ -24,6 +24,7 @@ static const struct command commands[] = {
   { "inspect", cmd_inspect, "one task's row, its stored steps and last error" },
   { "tenant", cmd_tenant, "fair shares: set, list or reset a tenant's weight" },
   { "budget", cmd_budget, "provider budgets: set, show, pause, resume or delete one" },
+  { "spend", cmd_spend, "prices per model, spend caps per tenant or batch, what was spent" },
   { "pause", cmd_pause, "claims skip a tenant, a batch or a budget's tasks until resumed" },
   { "resume", cmd_resume, "lift a pause" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },

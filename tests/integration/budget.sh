@@ -40,12 +40,12 @@ print(d)
 PY
 }
 
-# jobs N PAYLOAD_JSON_FIELDS [EXTRA_LINE_FIELDS]: N JSONL lines whose payload is {"url":
+# jobs N PAYLOAD_JSON_FIELDS [LINE_FIELDS]: N JSONL lines whose payload is {"url":
 # MOCK, "prompt": "p<i>", FIELDS}.
 jobs() {
   local i
   for ((i = 1; i <= $1; i++)); do
-    printf '{"payload":{"url":"%s","prompt":"p%d"%s}%s}\n' "$MOCK" "$i" "${2:+,$2}" "${3:+,$3}"
+    printf '{"payload":{"url":"%s","prompt":"p%d","model":"m"%s}%s}\n' "$MOCK" "$i" "${2:+,$2}" "${3:+,$3}"
   done
 }
 
@@ -247,6 +247,49 @@ PY
   assert_contains "show --json lists both" "$(<"$T_OUT")" '"name":"u2"'
 }
 
+# ---------------------------------------------------------------- spend
+
+# A spend cap stops its batch after the call that crossed it: with one slot, no task of the
+# batch starts after it (the rest wait, parked, unleased); another batch keeps running;
+# raising the cap resumes the batch at once.
+case_a_spend_cap_stops_its_batch_and_raising_it_resumes() {
+  need_pg
+  budget_setup
+  start_mock
+  expect_exit 0 "$LEASH" spend price m --input 1000000 --output 1000000   # 1 per token
+  expect_exit 0 "$LEASH" spend cap --batch capped 20
+  assert_eq "cap set" "$(<"$T_OUT")" "batch capped: cap 20, spent 0.0000"
+  jobs 12 '"budget":"llm"' '"batch":"capped"' >"$T_TMP/jobs.jsonl"
+  enqueue_file "$T_TMP/jobs.jsonl" 12
+  start_worker w1 "$BFIX" --concurrency 1
+  wait_for "the cap to pause the batch" 60 q_true \
+    "select count(*) = 1 from agent_work_queue_holds where kind = 'batch' and scope = 'capped' and source = 'spend'"
+  jobs 3 '"budget":"llm"' '"batch":"other"' >"$T_TMP/more.jsonl"
+  enqueue_file "$T_TMP/more.jsonl" 3
+  wait_for "the other batch to run" 60 q_true \
+    "select count(*) = 0 from agent_work_queue where batch = 'other' and status <> 'done'"
+  local calls done_n spent before_last
+  calls=$(q "select count(*) from agent_work_queue_usage where batch = 'capped'")
+  done_n=$(q "select count(*) from agent_work_queue where batch = 'capped' and status = 'done'")
+  assert_eq "every call of the batch was a task that finished" "$calls" "$done_n"
+  spent=$(q "select spent >= 20 from agent_work_queue_spend where kind = 'batch' and scope = 'capped'")
+  assert_eq "the spend reached the cap" "$spent" t
+  before_last=$(q "select sum(cost) - (array_agg(cost order by id desc))[1] < 20
+                     from agent_work_queue_usage where batch = 'capped'")
+  assert_eq "no call of the batch was made after the one that crossed the cap" "$before_last" t
+  assert_eq "the rest wait unleased" \
+    "$(q "select count(*) from agent_work_queue where batch = 'capped' and status = 'pending' and attempts = 0")" \
+    "$((12 - done_n))"
+  expect_exit 0 "$LEASH" status
+  assert_contains "status says why" "$(<"$T_OUT")" "paused   batch capped by spend"
+  expect_exit 0 "$LEASH" spend cap --batch capped 100000
+  wait_for "the batch to resume" 60 q_true \
+    "select count(*) = 0 from agent_work_queue where batch = 'capped' and status <> 'done'"
+  expect_exit 0 "$LEASH" spend show --json
+  assert_contains "show has the tenant's spend" "$(<"$T_OUT")" '"kind":"tenant","scope":"default"'
+  assert_contains "show has the usage by model" "$(<"$T_OUT")" '"budget":"llm","model":"m"'
+}
+
 # ---------------------------------------------------------------- bad input
 
 case_bad_budget_arguments_are_refused_with_one_line() {
@@ -274,6 +317,15 @@ case_bad_budget_arguments_are_refused_with_one_line() {
     "budget x: rpm 5, tpm none, concurrency 3, window 1 s"
   expect_exit 0 "$LEASH" budget delete x
   expect_exit 2 "$LEASH" budget show x
+  for bad in "cap 5" "cap --batch b" "cap --batch b -1" "cap --batch b 1e3" "cap --batch b abc" \
+             "cap --batch b --tenant t 5" "price m" "price m --input 1" "price m --input -1 --output 1" \
+             "price m --input 1 --output 1 --delete" "show x" "show --tenant t" "spent"; do
+    # shellcheck disable=SC2086 # word splitting is the point
+    expect_exit 2 "$LEASH" spend $bad
+  done
+  expect_exit 2 "$LEASH" spend price m --delete
+  assert_eq "nothing was written by spend" \
+    "$(q "select (select count(*) from agent_work_queue_spend) + (select count(*) from agent_work_queue_prices)")" 0
 }
 
 # A script's bad budget arguments fail its task (script_error), never the process.
