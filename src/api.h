@@ -1,6 +1,6 @@
 /*
  * api: the `leash` module scripts get from require "leash": ok/retry/fatal/null, json,
- * db.query, step, enqueue, http.request, log, sleep, now. Outcome values carry a private
+ * db.query, step, enqueue, http.request, log, sleep, now, env. Outcome values carry a private
  * metatable the host reads back. The running task comes from task_context.h.
  */
 #ifndef LEASH_API_H
@@ -10,6 +10,9 @@
 
 /* lua_CFunction: pushes the http table ({ request = f }); api_http.c. */
 int api_http_open(lua_State *L);
+
+/* lua_CFunction: leash.env(name); api_env.c. */
+int api_env(lua_State *L);
 
 /* lua_CFunction: pushes the module table. */
 int api_leash_open(lua_State *L);
