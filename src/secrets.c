@@ -126,13 +126,20 @@ char *secrets_redact(const char *s)
   return out;
 }
 
-/* The length of the longest text to replace that starts s (left bytes), or 0. */
+/* The length of the longest text to replace that starts s (left bytes), or 0. The last
+   bytes of s count when they are the start of a value (SECRETS_MIN_PARTIAL of them or more):
+   a text its maker cut inside a value (script.c keeps the first 8 KB of an error) would
+   otherwise keep that piece. */
 static size_t match_at(const char *s, size_t left)
 {
   for (int k = 0; k < nneedles; k++) {
     const struct needle *nd = &needles[k];
-    if (nd->len <= left && s[0] == nd->text[0] && memcmp(s, nd->text, nd->len) == 0)
+    if (s[0] != nd->text[0])
+      continue;
+    if (nd->len <= left && memcmp(s, nd->text, nd->len) == 0)
       return nd->len;
+    if (nd->len > left && left >= SECRETS_MIN_PARTIAL && memcmp(s, nd->text, left) == 0)
+      return left;
   }
   return 0;
 }
@@ -140,8 +147,14 @@ static size_t match_at(const char *s, size_t left)
 static int add_name(const char *name, size_t n, char *err, size_t errlen)
 {
   if (!valid_name(name, n)) {
-    snprintf(err, errlen, "--env-allow: '%.*s' is not a variable name (letters, digits and _, "
-             "not starting with a digit; names separated by commas)", (int)(n > 64 ? 64 : n), name);
+    /* Shown on one line: control bytes (and anything not ASCII) as '?', at most 64 bytes. */
+    char shown[65];
+    size_t k = n > 64 ? 64 : n;
+    for (size_t i = 0; i < k; i++)
+      shown[i] = name[i] >= 0x20 && name[i] < 0x7f ? name[i] : '?';
+    shown[k] = '\0';
+    snprintf(err, errlen, "--env-allow: '%s%s' is not a variable name (letters, digits and _, "
+             "not starting with a digit; names separated by commas)", shown, n > 64 ? "..." : "");
     return -1;
   }
   for (int i = 0; i < nallowed; i++)

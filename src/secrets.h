@@ -18,6 +18,9 @@
    turns up in unrelated text everywhere, and marking each place would garble every line and
    point at the value. Real keys and tokens are 20 bytes and more. */
 #define SECRETS_MIN_REDACT 8
+/* A text that ends in the first bytes of a value, this many or more, is taken to have been
+   cut inside it, and those bytes are redacted too (a few bytes, like "sk-", say nothing). */
+#define SECRETS_MIN_PARTIAL 4
 /* What a redacted value is replaced with (the same mark as leash.log's redacted fields). */
 #define SECRETS_MARK "[redacted]"
 
@@ -48,7 +51,8 @@ size_t secrets_longest(void);
 int secrets_found(const char *s, size_t len);
 
 /* A malloc'd copy of s with every value to redact (and its JSON-escaped form) replaced by
-   SECRETS_MARK, longest value first; NULL on no memory. */
+   SECRETS_MARK, longest value first, and the start of one at the very end too
+   (SECRETS_MIN_PARTIAL); NULL on no memory. */
 char *secrets_redact(const char *s);
 
 #endif

@@ -105,6 +105,23 @@ static void values_are_redacted_whole_longest_first_and_in_json_form(void)
   secrets_reset();
 }
 
+static void a_text_cut_inside_a_value_loses_the_piece(void)
+{
+  setenv("T_KEY", KEY, 1);
+  allow("T_KEY");
+  char *r = secrets_redact("cut by its maker: sk-test-0123");
+  CHECK_STR_EQ(r, "cut by its maker: [redacted]");
+  free(r);
+  r = secrets_redact("three bytes say nothing: sk-");
+  CHECK_STR_EQ(r, "three bytes say nothing: sk-");
+  free(r);
+  r = secrets_redact("only at the end: sk-test-0123 and on");
+  CHECK_STR_EQ(r, "only at the end: sk-test-0123 and on");
+  free(r);
+  CHECK_INT_EQ(secrets_found("x sk-t", 6), 1);
+  secrets_reset();
+}
+
 /* An error just long enough that the cut at OUTCOME_ERROR_MAX falls inside the value. */
 static void a_value_straddling_the_error_cut_leaves_nothing_behind(void)
 {
@@ -121,6 +138,24 @@ static void a_value_straddling_the_error_cut_leaves_nothing_behind(void)
     CHECK(strlen(o.error) <= OUTCOME_ERROR_MAX - 1);
     CHECK(strstr(o.error, "sk-test") == NULL);
     CHECK(strstr(o.error, "0123") == NULL);
+    outcome_clear(&o);
+    free(msg);
+  }
+  /* Cut by its maker first (script.c keeps the first OUTCOME_ERROR_MAX bytes of an error). */
+  for (size_t before = OUTCOME_ERROR_MAX - (sizeof KEY - 2); before <= OUTCOME_ERROR_MAX - 4;
+       before += 3) {
+    char *msg = malloc(OUTCOME_ERROR_MAX + 1);
+    memset(msg, 'x', before);
+    memcpy(msg + before, KEY, OUTCOME_ERROR_MAX - before);   /* the key, cut */
+    msg[OUTCOME_ERROR_MAX] = '\0';
+    struct outcome o = { 0 };
+    outcome_clear(&o);
+    outcome_set(&o, OUTCOME_RETRY, CAUSE_ERROR, NULL, msg);
+    CHECK(strstr(o.error, "sk-test") == NULL);
+    /* The mark took the piece's place (itself cut at the limit when it falls there). */
+    size_t len = strlen(o.error);
+    CHECK(len > before);
+    CHECK(strncmp(o.error + before, SECRETS_MARK, len - before) == 0);
     outcome_clear(&o);
     free(msg);
   }
@@ -179,6 +214,7 @@ int main(int argc, char **argv)
     { "only_allowed_names_are_answered_and_unset_ones_are_nil", only_allowed_names_are_answered_and_unset_ones_are_nil },
     { "bad_names_are_refused_with_the_name", bad_names_are_refused_with_the_name },
     { "values_are_redacted_whole_longest_first_and_in_json_form", values_are_redacted_whole_longest_first_and_in_json_form },
+    { "a_text_cut_inside_a_value_loses_the_piece", a_text_cut_inside_a_value_loses_the_piece },
     { "a_value_straddling_the_error_cut_leaves_nothing_behind", a_value_straddling_the_error_cut_leaves_nothing_behind },
     { "log_lines_hold_no_value_in_either_format_and_at_any_cut", log_lines_hold_no_value_in_either_format_and_at_any_cut },
     { NULL, NULL },
