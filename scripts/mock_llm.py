@@ -51,14 +51,16 @@ Outages: every request to a model endpoint is refused for a while: 429 with Retr
 (--outage-retry-after N; default the seconds left in the outage) or 503
 (--outage-status 503, also with Retry-After). --outage START+DURATION (seconds after the
 mock starts; repeatable) plans one at start; POST /_control {"outage_s": 600,
-"retry_after": 60, "status": 429} starts one now ({"outage_s": 0} ends it). Refused
+"retry_after": 60, "status": 429} starts one now ({"outage_s": 0} ends it). An outage
+covers every model endpoint, or only those named by --outage-path PATH (repeatable) or
+"paths": [...] in /_control ([] = all again): one provider down while another flows. Refused
 requests are not charged to the limits and draw no fault.
 
 --retry-after-format seconds|date|none: Retry-After as whole seconds (default), as an
 HTTP-date (RFC 9110: "Tue, 01 Dec 2026 16:45:03 GMT", rounded up to the next whole second
 so a client never comes back early), or left out (the client must read the reset headers).
 
-/_control takes any of: outage_s, retry_after, status (429 or 503), rpm, tpm,
+/_control takes any of: outage_s, retry_after, status (429 or 503), paths, rpm, tpm,
 retry_after_format. Unknown keys or bad values get 400 and change nothing.
 
 /stats and /_stats: {"requests": {path: n}, "answers": {path: {"200": n, "429": n, "500": n,
@@ -267,6 +269,7 @@ class Mock:
         self.outages = [[self.started + a, self.started + a + d] for a, d in args.outage]
         self.outage_retry_after = args.outage_retry_after
         self.outage_status = args.outage_status
+        self.outage_paths = set(args.outage_path)   # empty: every model endpoint
         self.retry_after_format = args.retry_after_format
         self.admitted = 0
         self.limited = {"requests": 0, "tokens": 0}
@@ -319,14 +322,14 @@ class Mock:
         """Seconds left in the outage now under way, or 0 (caller holds the lock)."""
         return max([e - now for s, e in self.outages if s <= now < e] or [0.0])
 
-    def gate(self, need):
+    def gate(self, path, need):
         """Outage, then the limits, for one request that costs `need` tokens. Returns
         (refusal or None, limiter state, retry-after seconds); refusal is "outage", "requests",
         "tokens" or "too_large"."""
         with self.lock:
             now = time.monotonic()
             left = self.outage_left(now)
-            if left > 0:
+            if left > 0 and (not self.outage_paths or path in self.outage_paths):
                 self.outage_refused += 1
                 ra = self.outage_retry_after if self.outage_retry_after is not None else left
                 return "outage", self.limiter.state(now), ra
@@ -351,7 +354,7 @@ class Mock:
         """Applies a /_control request (all or nothing); returns an error text or None."""
         if not isinstance(req, dict):
             return "want a JSON object"
-        known = {"outage_s", "retry_after", "status", "rpm", "tpm", "retry_after_format"}
+        known = {"outage_s", "retry_after", "status", "paths", "rpm", "tpm", "retry_after_format"}
         bad = sorted(set(req) - known)
         if bad:
             return "unknown keys: " + ", ".join(bad)
@@ -372,6 +375,10 @@ class Mock:
         status = req.get("status")
         if status is not None and status not in (429, 503):
             return "status must be 429 or 503"
+        paths = req.get("paths")
+        if paths is not None and (not isinstance(paths, list) or
+                                  any(p not in MODEL_PATHS for p in paths)):
+            return "paths must be a list of " + ", ".join(MODEL_PATHS)
         fmt = req.get("retry_after_format")
         if fmt is not None and fmt not in ("seconds", "date", "none"):
             return "retry_after_format must be seconds, date or none"
@@ -390,6 +397,8 @@ class Mock:
                 self.outage_retry_after = ra
             if status is not None:
                 self.outage_status = status
+            if paths is not None:
+                self.outage_paths = set(paths)
             if rpm is not None:
                 self.limiter.rpm = rpm
             if tpm is not None:
@@ -443,7 +452,8 @@ class Mock:
                     "limits": {"rpm": self.limiter.rpm, "tpm": self.limiter.tpm},
                     "outage": {"active": left > 0, "remaining_s": round(left, 3),
                                "status": self.outage_status,
-                               "retry_after": self.outage_retry_after},
+                               "retry_after": self.outage_retry_after,
+                               "paths": sorted(self.outage_paths)},
                     "retry_after_format": self.retry_after_format,
                     "uptime_s": round(now - self.started, 3),
                     "per_minute": [dict(self.minutes[k]) for k in sorted(self.minutes)]}
@@ -622,7 +632,7 @@ class Handler(BaseHTTPRequestHandler):
     def admit(self, path, need):
         """Outage and limits; answers a refusal itself. Returns the headers for the answer,
         or None when the request was refused."""
-        why, st, wait = self.mock.gate(need)
+        why, st, wait = self.mock.gate(path, need)
         headers = self.limit_headers(path, st)
         if why is None:
             return headers
@@ -797,6 +807,8 @@ def main():
     ap.add_argument("--outage-retry-after", type=count, default=None, metavar="N",
                     help="Retry-After of outage refusals (default: the seconds left)")
     ap.add_argument("--outage-status", type=int, choices=(429, 503), default=429)
+    ap.add_argument("--outage-path", choices=MODEL_PATHS, action="append", default=[],
+                    help="outages cover only this endpoint (repeatable; default all)")
     ap.add_argument("--retry-after-format", choices=("seconds", "date", "none"),
                     default="seconds")
     ap.add_argument("--max-requests", type=int, default=0, metavar="N",
