@@ -182,7 +182,9 @@ case_limit_answers_carry_the_headers_of_their_shape() {
   assert_eq "third is refused" "$(status)" 429
   local ra
   ra=$(header retry-after)
-  [[ $ra =~ ^[0-9]+$ ]] && ((ra >= 1 && ra <= 30)) || fail "Retry-After in whole seconds up to the window: '$ra'"
+  if ! [[ $ra =~ ^[0-9]+$ ]] || ((ra < 1 || ra > 30)); then
+    fail "Retry-After in whole seconds up to the window: '$ra'"
+  fi
   assert_eq "remaining on the 429" "$(header x-ratelimit-remaining-requests)" 0
   assert_eq "OpenAI error type" "$(body .error.type)" '"rate_limit"'
   # Anthropic shape: its own header names, resets as RFC 3339 times, lower-case retry-after.
@@ -241,6 +243,7 @@ case_an_outage_planned_at_start_refuses_everything_until_it_ends() {
   assert_eq "embeddings refused" "$(status)" 429
   assert_eq "/_stats says so" "$(stats '.outage.active')" true
   # It ends by itself.
+  # shellcheck disable=SC2016 # eval expands it, each try
   wait_for "the outage to end" 40 eval 'post "$CHAT" "$(chat_body a)"; [[ $(status) == 200 ]]'
   assert_eq "no 200 before the 6 s were over" \
     "$(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]) >= 5.9)" "$MOCK_T0" "$EPOCHREALTIME")" True
