@@ -104,7 +104,7 @@ void log_vfields(enum log_level lvl, const struct log_field *fields, const char 
 static void write_redacted(enum log_level lvl, const struct log_field *fields, char *msg,
                            size_t cap, int full, const char *fmt, va_list again)
 {
-  char *owned[LOG_FIELDS_MAX + 1] = { NULL };
+  char *owned[2 * LOG_FIELDS_MAX + 1] = { NULL };
   struct log_field clean[LOG_FIELDS_MAX + 1];
   char *longer = NULL;
   if (full >= (int)cap) {
@@ -119,14 +119,14 @@ static void write_redacted(enum log_level lvl, const struct log_field *fields, c
     owned[0][cap - 1] = '\0';   /* cut like any message */
   int k = 0;
   for (const struct log_field *f = fields; f && f->key && k < LOG_FIELDS_MAX; f++, k++) {
-    clean[k] = *f;
-    if (f->value)
-      clean[k].value = redacted(f->value, LOG_VALUE_MAX, &owned[k + 1]);
+    /* A script names its fields too: a key is redacted like a value. */
+    clean[k].key = redacted(f->key, 256, &owned[2 * k + 1]);
+    clean[k].value = f->value ? redacted(f->value, LOG_VALUE_MAX, &owned[2 * k + 2]) : NULL;
   }
   clean[k] = (struct log_field){ NULL, NULL };
   write_event(lvl, clean, text);
   free(longer);
-  for (int i = 0; i <= k; i++)
+  for (int i = 0; i <= 2 * k; i++)
     free(owned[i]);
 }
 

@@ -183,7 +183,7 @@ static void log_long(void)
     struct log_field f[] = { { "k", field }, { "short", "the key is " KEY }, { NULL, NULL } };
     log_fields(LOG_WARN, f, "fields");
   }
-  struct log_field f[] = { { "k", KEY }, { NULL, NULL } };
+  struct log_field f[] = { { "k", KEY }, { "key_" KEY, "v" }, { NULL, NULL } };
   log_fields(LOG_ERROR, f, "plain %s and %s", KEY, "text");
 }
 
@@ -198,6 +198,7 @@ static void log_lines_hold_no_value_in_either_format_and_at_any_cut(void)
     CHECK(strstr(out, "0123456789") == NULL);
     CHECK(strstr(out, "plain [redacted] and text") != NULL);
     CHECK(strstr(out, "the key is [redacted]") != NULL);
+    CHECK(strstr(out, "key_[redacted]") != NULL);
     free(out);
   }
   log_set_format(LOG_TEXT);

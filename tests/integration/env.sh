@@ -140,6 +140,7 @@ case_allowed_values_never_reach_last_error_logs_or_metrics() {
   assert_contains "at the 8 KB cut" "$errors" "eeee[redac"
   assert_contains "a log message" "$log" "log message [redacted]"
   assert_contains "log fields" "$log" "nested=x[redacted]y"
+  assert_contains "a field's name" "$log" "by_[redacted]=named"
   assert_contains "print" "$log" 'printed\t[redacted]'
 }
 

@@ -58,11 +58,11 @@ describe("leash.testing fake env", function()
   end)
 
   it("redacts allowed values from log messages, fields and print", function()
-    local h = script("leash.log.warn('key ' .. leash.env('K'), { key = leash.env('K'), n = 3 })\n"
+    local h = script("leash.log.warn('key ' .. leash.env('K'), { key = leash.env('K'), n = 3, ['by_' .. leash.env('K')] = 1 })\n"
                      .. "print('printed', leash.env('K'))", { env = { K = KEY } })
     h:run()
     assert.equal("key [redacted]", h.logs[1].msg)
-    assert.same({ key = "[redacted]", n = 3 }, h.logs[1].fields)
+    assert.same({ key = "[redacted]", n = 3, ["by_[redacted]"] = 1 }, h.logs[1].fields)
     assert.equal("printed\t[redacted]", h.logs[2].msg)
   end)
 

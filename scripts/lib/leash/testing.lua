@@ -35,7 +35,7 @@
 ---     opts.env = { NAME = "value" } allows and sets them, opts.env_allow = { "NAME" }
 ---     allows names left unset (nil); any other name raises the host's error. Like the host,
 ---     the kit redacts every allowed value of 8 bytes or more (its JSON form too) from
----     out.error and from h.logs (messages and fields) as "[redacted]"; results and steps
+---     out.error and from h.logs (messages, field names and values) as "[redacted]"; results and steps
 ---     are kept as made. h.environ (name → value) and h.env_allowed (name → true) may be
 ---     changed between runs.
 ---
@@ -422,7 +422,7 @@ local function new_fake(h)
       if type(fields) == "table" and next(h.env_allowed) ~= nil then
         -- a copy with the allowed values redacted from string values, as the host writes
         shown = {}
-        for k, v in pairs(fields) do shown[k] = testing.redact(h, v) end
+        for k, v in pairs(fields) do shown[testing.redact(h, k)] = testing.redact(h, v) end
       end
       h.logs[#h.logs + 1] = { level = level, msg = testing.redact(h, tostring(msg)), fields = shown }
     end
