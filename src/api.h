@@ -1,6 +1,6 @@
 /*
  * api: the `leash` module scripts get from require "leash": ok/retry/fatal/null, json,
- * db.query, step, enqueue, http.request, log, sleep, now. Outcome values carry a private
+ * db.query, step, enqueue, http.request, log, sleep, now, env. Outcome values carry a private
  * metatable the host reads back. The running task comes from task_context.h.
  */
 #ifndef LEASH_API_H
@@ -49,6 +49,8 @@ int api_budget_end(lua_State *L, struct budget_call *bc, const struct provider_u
    provider (scheme://host[:port]). Does not return. */
 void api_budget_refused(lua_State *L, struct budget_call *bc, double wait_s, const char *from)
   __attribute__((noreturn));
+/* lua_CFunction: leash.env(name); api_env.c. */
+int api_env(lua_State *L);
 
 /* lua_CFunction: pushes the module table. */
 int api_leash_open(lua_State *L);

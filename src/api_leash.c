@@ -51,6 +51,7 @@ int api_leash_open(lua_State *L)
   static const luaL_Reg funcs[] = {
     { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "now", l_now },
     { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue }, { "usage", api_usage },
+    { "env", api_env },
     { NULL, NULL },
   };
   static const luaL_Reg db[] = { { "query", l_db_query }, { NULL, NULL } };

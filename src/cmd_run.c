@@ -5,6 +5,7 @@
 #include "log.h"
 #include "queue.h"
 #include "script.h"
+#include "secrets.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,9 @@ static const char run_usage[] =
   "  --budget-wait S       the longest a slot waits for a budget grant (paused or full)\n"
   "                        before the task gives its slot back and runs again after the\n"
   "                        wait, spending no attempt (default 30s; 0 = never wait)\n"
+  "  --env-allow NAME[,NAME...]  let scripts read these environment variables with\n"
+  "                        leash.env (repeatable); their values (8 bytes and longer) are\n"
+  "                        redacted from logs and task errors\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n"
   "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
   "--watchdog-grace after --task-timeout (only with one), or after its lease was lost, or\n"
@@ -53,7 +57,7 @@ static const char run_usage[] =
   "2 usage error; 3 a slot was wedged (watchdog)\n\n";
 
 static const char check_usage[] =
-  "usage: leash check [--lua-path DIR]... SCRIPT.lua\n\n"
+  "usage: leash check [--lua-path DIR]... [--env-allow NAME[,NAME...]] SCRIPT.lua\n\n"
   "Loads SCRIPT.lua as `leash run` would (sandbox, setup, contract) and reports the first\n"
   "error; exit 0 when the script is fit to run.\n\n";
 
@@ -61,7 +65,7 @@ enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
-  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT,
+  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -70,6 +74,8 @@ enum {
 
 static int parse_duration_opt(struct cli *g, const char *name, const char *arg, double *out,
                               int positive);
+static int allow_env(struct cli *g, const char *list);
+static void warn_env(void);
 
 int cmd_run(struct cli *g, int argc, char **argv)
 {
@@ -93,6 +99,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "metrics", required_argument, NULL, OPT_METRICS },
     { "max-result-bytes", required_argument, NULL, OPT_MAX_RESULT_BYTES },
     { "budget-wait", required_argument, NULL, OPT_BUDGET_WAIT },
+    { "env-allow", required_argument, NULL, OPT_ENV_ALLOW },
     { NULL, 0, NULL, 0 },
   };
   long max_result = -1;
@@ -193,6 +200,10 @@ int cmd_run(struct cli *g, int argc, char **argv)
     case OPT_UNTIL_EMPTY:
       cfg.until_empty = 1;
       break;
+    case OPT_ENV_ALLOW:
+      if ((rc = allow_env(g, optarg)) != 0)
+        return rc;
+      break;
     }
   }
   if (argc - optind != 1)
@@ -231,6 +242,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
   cfg.conninfo = db_conninfo(g->db);
   cfg.table = g->table;
   srand((unsigned)getpid() ^ (unsigned)(task_now() * 1e6));
+  warn_env();
   rc = host_run(&cfg);
   free(tenant_list);
   return rc;
@@ -241,6 +253,7 @@ int cmd_check(struct cli *g, int argc, char **argv)
   static const struct option opts[] = {
     CLI_GLOBAL_OPTIONS,
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
+    { "env-allow", required_argument, NULL, OPT_ENV_ALLOW },
     { NULL, 0, NULL, 0 },
   };
   const char *lua_path[MAX_TENANTS];
@@ -249,6 +262,11 @@ int cmd_check(struct cli *g, int argc, char **argv)
   while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
     if (opt == CLI_STOP)
       return rc;
+    if (opt == OPT_ENV_ALLOW) {
+      if ((rc = allow_env(g, optarg)) != 0)
+        return rc;
+      continue;
+    }
     if (nlua_path == MAX_TENANTS)
       return cli_usage_error(g, "at most %d --lua-path options", MAX_TENANTS);
     lua_path[nlua_path++] = optarg;
@@ -264,9 +282,15 @@ int cmd_check(struct cli *g, int argc, char **argv)
     .memory_limit = 256u * 1024 * 1024, .lua_path = lua_path, .nlua_path = nlua_path,
   };
   char err[2048];
+  warn_env();
   struct script *s = script_load(argv[optind], &sh, err, sizeof err);
-  if (!s)
-    return cli_runtime_error(g, "%s", err);
+  if (!s) {
+    /* The message goes to stderr without log.c: redact it here like any task error. */
+    char *clean = secrets_found(err, strlen(err)) ? secrets_redact(err) : NULL;
+    rc = cli_runtime_error(g, "%s", clean ? clean : err);
+    free(clean);
+    return rc;
+  }
   printf("%s: ok (version %s)\n", argv[optind], script_version(s));
   script_free(s);
   return EXIT_OK;
@@ -279,4 +303,25 @@ static int parse_duration_opt(struct cli *g, const char *name, const char *arg, 
     return cli_usage_error(g, "%s: '%s' is not a duration%s (e.g. 30, 500ms, 5m)", name, arg,
                            positive ? " above zero" : "");
   return 0;
+}
+
+/* --env-allow NAME[,NAME...]: the names leash.env may read; a bad name is a usage error. */
+static int allow_env(struct cli *g, const char *list)
+{
+  char err[256];
+  if (secrets_allow(list, err, sizeof err) != 0)
+    return cli_usage_error(g, "%s", err);
+  return 0;
+}
+
+/* A word at start for allowed names that will not behave as the operator may think (the
+   names only, never a value). */
+static void warn_env(void)
+{
+  char names[512];
+  if (secrets_list(SECRETS_UNSET, names, sizeof names) > 0)
+    log_warn("--env-allow: not set in the environment (leash.env returns nil): %s", names);
+  if (secrets_list(SECRETS_SHORT, names, sizeof names) > 0)
+    log_warn("--env-allow: values shorter than %d bytes are not redacted from logs and "
+             "errors: %s", SECRETS_MIN_REDACT, names);
 }

@@ -1,6 +1,8 @@
 /* log: formatting and writing of log lines. See log.h. */
 #include "log.h"
 
+#include "secrets.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +15,16 @@ static void write_line(const char *line, size_t len);
 static void set_string(json_t *o, const char *key, const char *value);
 static size_t cut_at(const char *s, size_t max);
 static void put_escaped(char *line, size_t cap, size_t *n, const char *s, size_t max);
+static void write_event(enum log_level lvl, const struct log_field *fields, const char *msg);
+static void write_redacted(enum log_level lvl, const struct log_field *fields, char *msg,
+                           size_t cap, int full, const char *fmt, va_list again);
+static const char *redacted(const char *s, size_t max, char **owned);
 
 /* Longest message or field value written; longer ones are cut and marked "...". */
 #define LOG_VALUE_MAX 8192
+#define LOG_MSG_MAX 4096
+/* Most fields of one line that are redacted; a line never has nearly as many. */
+#define LOG_FIELDS_MAX 64
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
@@ -76,8 +85,69 @@ void log_vfields(enum log_level lvl, const struct log_field *fields, const char 
 {
   if (!log_enabled(lvl))
     return;
-  char msg[4096], ts[40];
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  char msg[LOG_MSG_MAX];
+  if (secrets_longest() == 0) {
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    write_event(lvl, fields, msg);
+    return;
+  }
+  va_list again;
+  va_copy(again, ap);
+  int full = vsnprintf(msg, sizeof msg, fmt, ap);
+  write_redacted(lvl, fields, msg, sizeof msg, full, fmt, again);
+  va_end(again);
+}
+
+/* Values leash.env hands out never reach a line (secrets.h): the message and each field are
+   redacted before they are cut. A message longer than msg is formatted again (again: a copy
+   of the arguments), far enough past the cut that no value straddling it escapes. */
+static void write_redacted(enum log_level lvl, const struct log_field *fields, char *msg,
+                           size_t cap, int full, const char *fmt, va_list again)
+{
+  char *owned[2 * LOG_FIELDS_MAX + 1] = { NULL };
+  struct log_field clean[LOG_FIELDS_MAX + 1];
+  char *longer = NULL;
+  if (full >= (int)cap) {
+    size_t n = cap + secrets_longest();
+    if ((longer = malloc(n)))
+      vsnprintf(longer, n, fmt, again);
+  }
+  const char *text = redacted(longer ? longer : msg, cap, &owned[0]);
+  if (longer && text == longer)
+    text = msg;   /* nothing found: the cut copy will do */
+  else if (owned[0] && strlen(owned[0]) >= cap)
+    owned[0][cap - 1] = '\0';   /* cut like any message */
+  int k = 0;
+  for (const struct log_field *f = fields; f && f->key && k < LOG_FIELDS_MAX; f++, k++) {
+    /* A script names its fields too: a key is redacted like a value. */
+    clean[k].key = redacted(f->key, 256, &owned[2 * k + 1]);
+    clean[k].value = f->value ? redacted(f->value, LOG_VALUE_MAX, &owned[2 * k + 2]) : NULL;
+  }
+  clean[k] = (struct log_field){ NULL, NULL };
+  write_event(lvl, clean, text);
+  free(longer);
+  for (int i = 0; i <= 2 * k; i++)
+    free(owned[i]);
+}
+
+/* s itself when its first max + secrets_longest() bytes hold no value to redact; else a
+   redacted copy of them (*owned, the caller frees it), or a fixed text on no memory. */
+static const char *redacted(const char *s, size_t max, char **owned)
+{
+  size_t len = strnlen(s, max + secrets_longest());
+  *owned = NULL;
+  if (!secrets_found(s, len))
+    return s;
+  char *window = strndup(s, len);
+  *owned = window ? secrets_redact(window) : NULL;
+  free(window);
+  return *owned ? *owned : "(withheld: out of memory while redacting)";
+}
+
+/* One line for msg and fields, as they are. */
+static void write_event(enum log_level lvl, const struct log_field *fields, const char *msg)
+{
+  char ts[40];
   format_time(ts, sizeof ts);
 
   if (log_fmt == LOG_JSON) {
@@ -109,7 +179,7 @@ void log_vfields(enum log_level lvl, const struct log_field *fields, const char 
      (a traceback's newlines read \n). */
   char line[16384];
   size_t n = (size_t)snprintf(line, sizeof line, "%s %-5s ", ts, level_names[lvl]);
-  put_escaped(line, sizeof line, &n, msg, sizeof msg);
+  put_escaped(line, sizeof line, &n, msg, LOG_MSG_MAX);
   for (const struct log_field *f = fields; f && f->key && n + 2 < sizeof line - 1; f++) {
     if (!f->value)
       continue;

@@ -2,8 +2,9 @@
  * log: one line per event on stderr, as text or as JSON (--log-format), filtered by level.
  * Thread-safe: each line is formatted in full and written with one call. Fields are
  * key/value strings; a task line carries task_id, tenant, attempt and worker so a reader
- * can follow one task across processes. Nothing here knows about connections or secrets:
- * callers never pass a conninfo.
+ * can follow one task across processes. Nothing here knows about connections: callers never
+ * pass a conninfo. The values leash.env hands out are redacted from every message and field
+ * before a line is written (secrets.h).
  */
 #ifndef LEASH_LOG_H
 #define LEASH_LOG_H

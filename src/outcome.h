@@ -47,7 +47,8 @@ struct outcome {
 void outcome_clear(struct outcome *o);
 
 /* Sets kind, cause and a copy of prefix + msg as the error (cut at OUTCOME_ERROR_MAX
-   bytes); on no memory the error stays NULL, the kind and cause still hold. */
+   bytes), with the values leash.env hands out redacted (secrets.h); on no memory the error
+   stays NULL, the kind and cause still hold. */
 void outcome_set(struct outcome *o, enum outcome_kind kind, enum outcome_cause cause,
                  const char *prefix, const char *msg);
 

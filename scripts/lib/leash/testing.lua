@@ -31,6 +31,13 @@
 ---   * leash.step stores its result as JSON, fenced: a later h:run (the next attempt) gets
 ---     the stored value back without calling fn; a raising fn stores nothing;
 ---   * once h.lease_lost is true, db.query, http.request, step, enqueue and sleep raise.
+---   * leash.env(name) answers only the names the spec allowed, as --env-allow does:
+---     opts.env = { NAME = "value" } allows and sets them, opts.env_allow = { "NAME" }
+---     allows names left unset (nil); any other name raises the host's error. Like the host,
+---     the kit redacts every allowed value of 8 bytes or more (its JSON form too) from
+---     out.error and from h.logs (messages, field names and values) as "[redacted]"; results and steps
+---     are kept as made. h.environ (name → value) and h.env_allowed (name → true) may be
+---     changed between runs.
 ---
 --- Not mirrored: real SQL (a query is answered by the first handler whose pattern is a
 --- plain substring of the SQL; none → the query raises), parameter conversion (handlers get
@@ -528,13 +535,30 @@ local function new_fake(h)
     if not total then error("leash.usage: give tokens or input_tokens/output_tokens", 2) end
     hold.used = total
   end
+  function leash.env(name)
+    if type(name) ~= "string" and type(name) ~= "number" then
+      error("bad argument #1 to 'env' (string expected, got " .. type(name) .. ")", 2)
+    end
+    name = tostring(name)
+    if not h.env_allowed[name] then
+      error("leash.env: '" .. name:sub(1, 64) .. (#name > 64 and "..." or "")
+            .. "' is not allowed (the worker allows only the names given with --env-allow)", 2)
+    end
+    return h.environ[name]
+  end
   leash.log = {}
   for _, level in ipairs({ "debug", "info", "warn", "error" }) do
     leash.log[level] = function(msg, fields)
       if type(msg) ~= "string" and type(msg) ~= "number" then
         error("bad argument #1 to '" .. level .. "' (string expected)", 2)
       end
-      h.logs[#h.logs + 1] = { level = level, msg = tostring(msg), fields = fields }
+      local shown = fields
+      if type(fields) == "table" and next(h.env_allowed) ~= nil then
+        -- a copy with the allowed values redacted from string values, as the host writes
+        shown = {}
+        for k, v in pairs(fields) do shown[testing.redact(h, k)] = testing.redact(h, v) end
+      end
+      h.logs[#h.logs + 1] = { level = level, msg = testing.redact(h, tostring(msg)), fields = shown }
     end
   end
   return leash
@@ -580,7 +604,7 @@ local function new_env(h)
   env.print = function(...)
     local parts = table.pack(...)
     for i = 1, parts.n do parts[i] = tostring(parts[i]) end
-    h.logs[#h.logs + 1] = { level = "info", msg = table.concat(parts, "\t", 1, parts.n) }
+    h.logs[#h.logs + 1] = { level = "info", msg = testing.redact(h, table.concat(parts, "\t", 1, parts.n)) }
   end
   env._G = env
   local modules = {}
@@ -626,6 +650,43 @@ local function task_env(h)
   setmetatable(t, h.env_mt)
   for _, chunk in ipairs(h.chunks) do debug.setupvalue(chunk, 1, t) end
   return t
+end
+
+-- ------------------------------------------------------------------ secrets
+-- As src/secrets.c: values shorter than this are returned but never redacted.
+testing.ENV_MIN_REDACT = 8
+local REDACTED = "[redacted]"
+
+--- s with every allowed value of h (testing.ENV_MIN_REDACT bytes or more, and its JSON
+--- form) replaced by "[redacted]", longest first, as the host writes errors and log lines.
+function testing.redact(h, s)
+  if type(s) ~= "string" then return s end
+  local needles = {}
+  for name in pairs(h.env_allowed or {}) do
+    local v = h.environ[name]
+    if type(v) == "string" and #v >= testing.ENV_MIN_REDACT then
+      needles[#needles + 1] = v
+      local j = encode_string(v):sub(2, -2)
+      if j ~= v then needles[#needles + 1] = j end
+    end
+  end
+  if #needles == 0 then return s end
+  table.sort(needles, function(a, b) return #a > #b end)
+  local out, i = {}, 1
+  while i <= #s do
+    local hit = nil
+    for _, n in ipairs(needles) do
+      if s:sub(i, i + #n - 1) == n then hit = n break end
+    end
+    if hit then
+      out[#out + 1] = REDACTED
+      i = i + #hit
+    else
+      out[#out + 1] = s:sub(i, i)
+      i = i + 1
+    end
+  end
+  return table.concat(out)
 end
 
 -- ------------------------------------------------------------------ outcomes
@@ -782,6 +843,15 @@ local function new_harness(dir, opts)
   local h = { logs = {}, clock = opts.clock or 1700000000, slept = 0, lease_lost = false,
               steps = {}, step_runs = {}, enqueued = {}, runs = 0, budgets = {}, holds = {},
               hold_stack = {}, budget_wait = opts.budget_wait or 30 }
+  h.environ, h.env_allowed = {}, {}
+  for k, v in pairs(opts.env or {}) do
+    assert(type(k) == "string" and type(v) == "string", "opts.env maps names to string values")
+    h.environ[k], h.env_allowed[k] = v, true
+  end
+  for _, k in ipairs(opts.env_allow or {}) do
+    assert(type(k) == "string", "opts.env_allow lists names")
+    h.env_allowed[k] = true
+  end
   h.search = { dir }
   for _, d in ipairs(opts.lua_path or {}) do h.search[#h.search + 1] = d end
   h.db = new_db()
@@ -815,6 +885,7 @@ local function new_harness(dir, opts)
               delay = self.yielded.delay }
     end
     self.task = nil
+    out.error = testing.redact(self, out.error)
     out.attempt = task.attempt
     if out.status == "retry" and out.delay == nil then out.backoff = testing.backoff(task.attempt) end
     if out.status == "retry" and task.attempt >= task.max_attempts then
@@ -847,7 +918,8 @@ local function new_harness(dir, opts)
   return h
 end
 
---- Loads a task script with the fake leash module. opts: { lua_path = {dirs}, clock = n }.
+--- Loads a task script with the fake leash module. opts: { lua_path = {dirs}, clock = n,
+--- env = { NAME = "value" }, env_allow = { "NAME" } }.
 --- Returns a harness h with h.db and h.http (calls, on(...), find(...)), h.steps (stored
 --- step results, kept across runs like attempts), h.step_runs (name → times fn ran),
 --- h.enqueued (child tasks, defaults filled), h.logs, h.clock (settable), h.slept,
