@@ -18,7 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
-static void print_error(const struct cli *g, const char *fmt, va_list ap);
+static void print_error(const struct cli *g, int escape, const char *fmt, va_list ap);
 static void print_version(void);
 static unsigned global_bit(int opt);
 static int scan_argv(struct cli *g, int argc, char **argv, const struct option *opts);
@@ -255,7 +255,7 @@ int cli_usage_error(const struct cli *g, const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
-  print_error(g, fmt, ap);
+  print_error(g, 1, fmt, ap);
   va_end(ap);
   /* A variable's value is not on the command line: --help would not show the mistake, and
      the line already names the variable to fix. */
@@ -269,7 +269,7 @@ int cli_data_error(const struct cli *g, const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
-  print_error(g, fmt, ap);
+  print_error(g, 0, fmt, ap);
   va_end(ap);
   return EXIT_USAGE;
 }
@@ -278,7 +278,7 @@ int cli_runtime_error(const struct cli *g, const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
-  print_error(g, fmt, ap);
+  print_error(g, 0, fmt, ap);
   va_end(ap);
   return EXIT_RUNTIME;
 }
@@ -468,10 +468,22 @@ int cli_check_listen_addr(const char *s, char *err, size_t errlen)
   return 0;
 }
 
-static void print_error(const struct cli *g, const char *fmt, va_list ap)
+static void print_error(const struct cli *g, int escape, const char *fmt, va_list ap)
 {
-  char msg[2048];
+  char msg[2048], shown[sizeof msg * 4];
   vsnprintf(msg, sizeof msg, fmt, ap);
+  /* A usage error echoes what was typed or set; a newline in it must not make two lines. */
+  if (escape) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
+      if (*p < 0x20 || *p == 0x7f)
+        n += (size_t)snprintf(shown + n, sizeof shown - n, "\\x%02x", *p);
+      else
+        shown[n++] = (char)*p;
+    shown[n] = '\0';
+    memcpy(msg, shown, n < sizeof msg ? n + 1 : sizeof msg);
+    msg[sizeof msg - 1] = '\0';
+  }
   fprintf(stderr, "leash%s%s: %s%s%s\n", g->command ? " " : "", g->command ? g->command : "",
           g->env_var ? g->env_var : "", g->env_var ? ": " : "", msg);
 }
