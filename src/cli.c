@@ -167,7 +167,6 @@ static int next_from_env(struct cli *g, const struct option *opts, int *rc)
       }
       optarg = (char *)v;
     }
-    g->env_next++;
     int done;
     *rc = cli_global_option(g, o->val, optarg, &done);
     if (done)
@@ -176,6 +175,7 @@ static int next_from_env(struct cli *g, const struct option *opts, int *rc)
       g->env_var = NULL;
       continue;
     }
+    g->env_next++;   /* the caller handles this one; the next call goes on after it */
     return o->val;
   }
   g->env_var = NULL;

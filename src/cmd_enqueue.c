@@ -126,6 +126,8 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       if (*optarg == '\0')
         return cli_usage_error(g, "--%s must not be empty", opt == OPT_TENANT ? "tenant" : "shard");
       *(opt == OPT_TENANT ? &d.tenant : &d.shard) = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)   /* here: a variable's error names it */
+        return rc;
       break;
     case OPT_DELAY:
       if (cli_parse_duration(optarg, &secs) != 0)
@@ -135,6 +137,8 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       break;
     case OPT_RUN_AFTER:
       d.run_after = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)
+        return rc;
       break;
     case OPT_MAX_ATTEMPTS:
       if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_ATTEMPTS, &n) != 0)
@@ -144,6 +148,8 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       break;
     case OPT_BATCH:
       d.batch = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)
+        return rc;
       break;
     case OPT_MAX_CRASHES:
       if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_CRASHES, &n) != 0)

@@ -14,6 +14,7 @@
 #include "check.h"
 #include "cli.h"
 #include "deadline.h"
+#include "log.h"
 
 static void durations_take_the_documented_units(void)
 {
@@ -266,6 +267,18 @@ static void variables_come_before_argv_and_an_option_in_argv_leaves_its_variable
   struct cli g4 = { 0 };
   CHECK_INT_EQ(t_parse(seen, sizeof seen, 1, argv3, &g4), 0);
   CHECK_STR_EQ(g4.table, "env_table");
+  /* Globals next to each other in the table are all read (one was skipped after another). */
+  struct cli g5 = { 0 };
+  setenv("LEASH_DB", "dbname=x", 1);
+  setenv("LEASH_LOG_LEVEL", "warn", 1);
+  CHECK_INT_EQ(t_parse(seen, sizeof seen, 1, argv3, &g5), 0);
+  CHECK_STR_EQ(g5.db, "dbname=x");
+  CHECK_STR_EQ(g5.table, "env_table");
+  CHECK_INT_EQ(log_enabled(LOG_INFO), 0);
+  CHECK_STR_EQ(seen, "count=7(env) name=from-env(env)");
+  log_set_level(LOG_INFO);
+  unsetenv("LEASH_DB");
+  unsetenv("LEASH_LOG_LEVEL");
   unsetenv("LEASH_TABLE");
   unsetenv("LEASH_COUNT");
   unsetenv("LEASH_NAME");
