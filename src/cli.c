@@ -29,17 +29,16 @@ static int next_from_argv(struct cli *g, int argc, char **argv, const struct opt
 int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
 {
   *done = 0;
-  if (global_bit(opt) && arg && *arg == '\0') {
-    *done = 1;
-    return cli_usage_error(g, "--%s must not be empty",
-                           opt == OPT_DB ? "db" : opt == OPT_TABLE ? "table"
-                           : opt == OPT_LOG_FORMAT ? "log-format" : "log-level");
-  }
   /* Given in argv (main's part or the command's): the variable must not override it. */
   if (global_bit(opt) && !g->env_var)
     g->globals_given |= global_bit(opt);
   switch (opt) {
   case OPT_DB:
+    /* "" would quietly mean $DATABASE_URL or libpq's defaults: not what was written. */
+    if (*arg == '\0') {
+      *done = 1;
+      return cli_usage_error(g, "--db must not be empty");
+    }
     g->db = arg;
     return 1;
   case OPT_TABLE: {
@@ -94,6 +93,13 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done)
 int cli_next_option(struct cli *g, int argc, char **argv, const struct option *opts, int *rc)
 {
   int opt;
+  /* An empty value the command's own check let through: no option has a use for "" (an
+     empty tenant or batch is a scope nothing matches, an empty worker a name nobody can
+     read). Refused here so the command's message, when it has one, comes first. */
+  if (g->empty_opt) {
+    *rc = cli_usage_error(g, "--%s must not be empty", opts[g->empty_opt - 1].name);
+    return CLI_STOP;
+  }
   g->env_var = NULL;   /* the value handed out last time has been handled */
   if (g->env_state == 0) {
     g->opts = opts;
@@ -161,10 +167,6 @@ static int next_from_env(struct cli *g, const struct option *opts, int *rc)
       }
       optarg = NULL;
     } else {
-      if (*v == '\0') {
-        *rc = cli_usage_error(g, "--%s must not be empty", o->name);
-        return CLI_STOP;
-      }
       optarg = (char *)v;
     }
     int done;
@@ -175,6 +177,8 @@ static int next_from_env(struct cli *g, const struct option *opts, int *rc)
       g->env_var = NULL;
       continue;
     }
+    if (optarg && *optarg == '\0')
+      g->empty_opt = g->env_next + 1;
     g->env_next++;   /* the caller handles this one; the next call goes on after it */
     return o->val;
   }
@@ -192,17 +196,13 @@ static int next_from_argv(struct cli *g, int argc, char **argv, const struct opt
       *rc = cli_usage_error(g, "unknown or incomplete option '%s'", argv[optind - 1]);
       return CLI_STOP;
     }
-    /* An empty tenant, batch or worker would be a scope nothing matches, or a name nobody
-       can read; no option has a use for "". */
-    if (idx >= 0 && opts[idx].has_arg != no_argument && optarg && *optarg == '\0') {
-      *rc = cli_usage_error(g, "--%s must not be empty", opts[idx].name);
-      return CLI_STOP;
-    }
     *rc = cli_global_option(g, opt, optarg, &done);
     if (done)
       return CLI_STOP;
     if (*rc == 1)
       continue;
+    if (idx >= 0 && optarg && *optarg == '\0')
+      g->empty_opt = idx + 1;   /* refused at the next call, after the command's check */
     return opt;
   }
   return -1;

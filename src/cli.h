@@ -11,7 +11,8 @@
  * validation is the same code; an option that argv uses at all leaves its variable unread
  * (for a repeatable option the variable is one value, replaced by the command line's). A
  * switch's variable takes 1/true/yes (on) or 0/false/no (off). A bad value's error line
- * names the variable and has no --help hint. No option takes an empty value.
+ * names the variable and has no --help hint. No option takes an empty value: the command's
+ * own check sees it first (its message wins), and cli_next_option refuses what it lets by.
  */
 #ifndef LEASH_CLI_H
 #define LEASH_CLI_H
@@ -60,6 +61,7 @@ struct cli {
   int env_state;               /* 0 not started, 1 reading the environment, 2 argv */
   int env_next;                /* the next option of opts to look up */
   unsigned globals_given;      /* bit (OPT_x - OPT_DB): a global option given in argv */
+  int empty_opt;               /* 1 + the index of an option just handed out with "" */
   unsigned char in_argv[CLI_MAX_OPTIONS];   /* options argv uses: their variables are unread */
   char env_name[80];
 };
