@@ -40,7 +40,7 @@ static const char usage[] =
   "                        default 0; a line's \"priority\" beats it)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n"
-  "  --max-line-bytes N    refuse a line longer than N bytes (default 4M; k, M, G units)\n\n";
+  "  --max-line-bytes SIZE refuse a line longer than SIZE (default 4MB; KB, MB, GB units)\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,

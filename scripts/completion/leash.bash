@@ -12,6 +12,20 @@
 # *.jsonl names complete files. --help output is cached per binary and command for the shell's
 # life (it never connects to a database: --help is answered before anything else).
 
+# _leash_reply COMPGEN-ARGS...: COMPREPLY from compgen, one word a line (names with spaces
+# stay whole).
+_leash_reply()
+{
+    mapfile -t COMPREPLY < <(compgen "$@")
+}
+
+# _leash_files: the words are file names: bash quotes them and adds '/' to folders.
+_leash_files()
+{
+    type compopt >/dev/null 2>&1 && compopt -o filenames 2>/dev/null
+    return 0
+}
+
 # _leash_help BINARY [COMMAND]: that --help text, cached.
 _leash_help()
 {
@@ -26,7 +40,7 @@ _leash_help()
 # _leash_commands BINARY: the command names of `leash --help`.
 _leash_commands()
 {
-    _leash_help "$1" | awk '/^commands:/ { on = 1; next } on && /^$/ { exit }
+    _leash_help "$1" | awk '!done && /^commands:/ { on = 1; next } on && /^$/ { on = 0; done = 1 }
                             on && /^  [a-z]/ { print $1 }'
 }
 
@@ -42,8 +56,7 @@ _leash_options()
 # _leash_metavar BINARY COMMAND OPTION: the word after OPTION on its help line ("DIR").
 _leash_metavar()
 {
-    _leash_help "$1" "$2" | awk -v o="$3" '$1 == o && NF > 1 { print $2; exit }
-                                           $1 == "-h," && $2 == o { exit }'
+    _leash_help "$1" "$2" | awk -v o="$3" '!done && $1 == o && NF > 1 { print $2; done = 1 }'
 }
 
 _leash()
@@ -69,7 +82,7 @@ _leash()
             split=true
         fi
     fi
-    local bin=${words[0]/#\~/$HOME} i w cmd= cmdat=0 opts
+    local bin=${words[0]/#\~/$HOME} i w cmd='' cmdat=0 opts
 
     # The command: the first word that is neither an option nor a global option's value.
     for ((i = 1; i < cword; i++)); do
@@ -85,13 +98,13 @@ _leash()
     # The word before is an option that takes a value (not a switch): complete the value.
     if [[ $prev == --* ]] && grep -qxF -- "$prev" <<<"$opts"; then
         case $prev in
-            --log-format) COMPREPLY=($(compgen -W 'text json' -- "$cur")) ;;
-            --log-level) COMPREPLY=($(compgen -W 'debug info warn error' -- "$cur")) ;;
-            --status) COMPREPLY=($(compgen -W 'done dead done,dead' -- "$cur")) ;;
+            --log-format) _leash_reply -W 'text json' -- "$cur" ;;
+            --log-level) _leash_reply -W 'debug info warn error' -- "$cur" ;;
+            --status) _leash_reply -W 'done dead done,dead' -- "$cur" ;;
             *)
                 case $(_leash_metavar "$bin" "$cmd" "$prev") in
-                    DIR) COMPREPLY=($(compgen -d -- "$cur")) ;;
-                    F | FILE | F.jsonl | *.jsonl) COMPREPLY=($(compgen -f -- "$cur")) ;;
+                    DIR) _leash_files; _leash_reply -d -- "$cur" ;;
+                    F | FILE | F.jsonl | *.jsonl) _leash_files; _leash_reply -f -- "$cur" ;;
                     *) COMPREPLY=() ;;
                 esac
                 ;;
@@ -101,11 +114,11 @@ _leash()
     $split && return
 
     if [[ $cur == -* ]]; then
-        COMPREPLY=($(compgen -W "$(sed 's/!$//' <<<"$opts")" -- "$cur"))
+        _leash_reply -W "${opts//!/}" -- "$cur"
         return
     fi
     if [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "$(_leash_commands "$bin")" -- "$cur"))
+        _leash_reply -W "$(_leash_commands "$bin")" -- "$cur"
         return
     fi
     # Arguments of the command, counted after it (options and their values skipped).
@@ -125,10 +138,13 @@ _leash()
     done
     case $cmd in
         run | check)
-            ((nargs == 0)) && COMPREPLY=($(compgen -f -X '!*.lua' -- "$cur") $(compgen -d -S / -- "$cur"))
+            if ((nargs == 0)); then
+                _leash_files
+                mapfile -t COMPREPLY < <(compgen -f -X '!*.lua' -- "$cur"; compgen -d -- "$cur")
+            fi
             ;;
         tenant)
-            ((nargs == 0)) && COMPREPLY=($(compgen -W 'set list reset' -- "$cur"))
+            ((nargs == 0)) && _leash_reply -W 'set list reset' -- "$cur"
             ;;
         *) COMPREPLY=() ;;
     esac

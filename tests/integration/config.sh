@@ -4,6 +4,9 @@
 # must offer exactly what --help documents. The lists of commands and options are read
 # from the binary's --help, never written down here, so a new option is covered the day it
 # is added (and one missing from its command's help text fails a case).
+# SC2016: '$' in single quotes is a table name meant literally; SC2119: t_newdb's SUFFIX is
+# optional; SC1010: "done" is a prune status here, not the keyword.
+# shellcheck disable=SC2016,SC2119,SC1010
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/../lib.sh"
 
@@ -17,7 +20,7 @@ for _v in $(compgen -e LEASH_); do
 done
 unset _v
 
-commands() { "$LEASH" --help | awk '/^commands:/ { on = 1; next } on && /^$/ { exit }
+commands() { "$LEASH" --help | awk '!done && /^commands:/ { on = 1; next } on && /^$/ { on = 0; done = 1 }
                                     on && /^  [a-z]/ { print $1 }'; }
 
 # env_list CMD: "VARIABLE OPTION KIND" per option of CMD's table (KIND switch or value),
@@ -30,8 +33,8 @@ env_list() {
 # help_options CMD: the options the hand-written help text describes ("  --name ..." and
 # "  -h, --help"), sorted.
 help_options() {
-  "$LEASH" "$1" --help | awk '/^environment:/ { exit }
-    /^  --[a-z0-9-]+/ { print $1 } /^  -h, --help/ { print "--help" }' | sort -u
+  "$LEASH" "$1" --help | awk '/^environment:/ { done = 1 }
+    !done && /^  --[a-z0-9-]+/ { print $1 } !done && /^  -h, --help/ { print "--help" }' | sort -u
 }
 
 # refused_by_var CMD VAR VALUE [ARGS...]: CMD with VAR=VALUE exits 2 with exactly one line
@@ -62,7 +65,8 @@ refused_flag() {
   local cmd=$1
   shift
   expect_exit 2 env PGHOST=/nonexistent PGCONNECT_TIMEOUT=1 DATABASE_URL= "$LEASH" "$cmd" "$@"
-  local what="$cmd $(printf '%q ' "$@")"
+  local what
+  what="$cmd $(printf '%q ' "$@")"
   assert_eq "$what: two lines (error, hint)" "$(wc -l <"$T_ERR")" 2
   [[ $(head -n1 "$T_ERR") == "leash $cmd: "* ]] || fail "$what: first line: $(head -n1 "$T_ERR")"
   assert_eq "$what: hint" "$(tail -n1 "$T_ERR")" "Try 'leash $cmd --help'."
@@ -340,7 +344,7 @@ complete_words() {
     COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
     COMPREPLY=()
     _leash "$1" "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD - 1]}"
-    ((${#COMPREPLY[@]})) && printf "%s\n" "${COMPREPLY[@]}" | sort' _ "$bc" "$@"
+    if ((${#COMPREPLY[@]})); then printf "%s\n" "${COMPREPLY[@]}" | sort; fi' _ "$bc" "$@"
 }
 
 # the modes this machine has: always the plain one, and with bash-completion when installed.
@@ -355,7 +359,7 @@ case_completion_offers_every_command_and_each_commands_documented_options() {
   [[ $LEASH == */leash ]] || { echo "skip: completion needs the binary named leash" >&2; exit 77; }
   local mode cmd want got m
   for mode in $(completion_modes); do
-    m=; [[ $mode == bc ]] && m=bc
+    m=; [[ $mode == bc ]] && m="bc"
     assert_eq "$mode: commands" "$(complete_words $m leash "")" "$(commands | sort)"
     assert_eq "$mode: commands starting with r" "$(complete_words $m leash r)" \
       "$(commands | grep '^r' | sort)"
@@ -382,7 +386,7 @@ case_completion_completes_values_scripts_and_actions() {
   : >"$T_TMP/c/tasks.jsonl"
   local mode m
   for mode in $(completion_modes); do
-    m=; [[ $mode == bc ]] && m=bc
+    m=; [[ $mode == bc ]] && m="bc"
     assert_eq "$mode: log levels" "$(complete_words $m leash --log-level "")" \
       "$(printf '%s\n' debug error info warn)"
     assert_eq "$mode: log format after a command" "$(complete_words $m leash status --log-format j)" json
@@ -397,7 +401,7 @@ case_completion_completes_values_scripts_and_actions() {
     (
       cd "$T_TMP/c"
       assert_eq "$mode: run's script: .lua files and folders" "$(complete_words $m leash run "")" \
-        "$(printf '%s\n' libs/ more/ task.lua)"
+        "$(printf '%s\n' libs more task.lua)"
       assert_eq "$mode: --lua-path: folders" "$(complete_words $m leash run --lua-path "")" \
         "$(printf '%s\n' libs more)"
       assert_eq "$mode: --file: files" "$(complete_words $m leash enqueue --file t)" \
@@ -405,6 +409,24 @@ case_completion_completes_values_scripts_and_actions() {
       assert_eq "$mode: nothing after run's script" "$(complete_words $m leash run task.lua "")" ""
     )
   done
+}
+
+case_the_installed_completion_is_found_by_bash_completions_loader() {
+  local build
+  build=$(dirname "$LEASH")
+  [[ -f $build/CMakeCache.txt ]] || { echo "skip: $LEASH is not in a CMake build tree" >&2; exit 77; }
+  [[ -r /usr/share/bash-completion/bash_completion ]] \
+    || { echo "skip: bash-completion is not installed" >&2; exit 77; }
+  cmake --install "$build" --prefix "$T_TMP/prefix" >/dev/null
+  local f=$T_TMP/prefix/share/bash-completion/completions/leash
+  [[ -f $f ]] || fail "not installed at $f"
+  cmp -s "$f" "$COMPLETION" || fail "installed file differs from $COMPLETION"
+  # bash-completion loads completions/<command> from XDG_DATA_DIRS on first use.
+  local got
+  got=$(XDG_DATA_DIRS=$T_TMP/prefix/share bash -c '
+    source /usr/share/bash-completion/bash_completion
+    __load_completion leash && complete -p leash')
+  assert_eq "complete -p after loading" "$got" "complete -F _leash leash"
 }
 
 t_run "$@"
