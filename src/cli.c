@@ -220,10 +220,11 @@ char *cli_env_name(const char *option, char *buf, size_t len)
 void cli_print_env_help(FILE *f, const struct option *opts)
 {
   fputs("environment: each option is also read from LEASH_ and its name in capitals, '-' as\n"
-        "'_' (--poll-ms: LEASH_POLL_MS). An option given on the command line leaves its\n"
-        "variable unread; a repeatable option's variable is one value, replaced by any use\n"
-        "of the option. A switch's variable is 1, true or yes (on), 0, false or no (off).\n"
-        "Empty values are refused. Arguments that are not options have no variable.\n", f);
+        "'_' (--lua-memory: LEASH_LUA_MEMORY), by every command that has the option. One\n"
+        "given on the command line leaves its variable unread; a repeatable option's\n"
+        "variable is one value, replaced by any use of the option. A switch's variable is\n"
+        "1, true or yes (on), 0, false or no (off). Empty values are refused. Arguments\n"
+        "that are not options have no variable.\n", f);
   for (const struct option *o = opts; o->name; o++) {
     if (o->val == 'h' || o->val == OPT_VERSION)
       continue;
