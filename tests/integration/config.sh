@@ -271,9 +271,17 @@ case_infinite_timestamps_are_refused_and_finite_specials_are_taken() {
     expect_exit 0 "$LEASH" enqueue --run-after "$ts" '{}'
   done
   assert_eq "three finite rows" "$(q "select count(*) from agent_work_queue where isfinite(run_after)")" 3
-  printf '{"payload":{},"run_after":"infinity"}\n' >"$T_TMP/inf.jsonl"
-  expect_exit 2 "$LEASH" enqueue --file "$T_TMP/inf.jsonl"
-  assert_eq "JSONL infinity: one line" "$(wc -l <"$T_ERR")" 1
+  for ts in infinity -infinity ' +Infinity'; do
+    printf '{"payload":{},"run_after":"%s"}\n' "$ts" >"$T_TMP/inf.jsonl"
+    expect_exit 2 "$LEASH" enqueue --file "$T_TMP/inf.jsonl"
+    assert_eq "JSONL $ts: one line" "$(wc -l <"$T_ERR")" 1
+    assert_contains "JSONL $ts" "$(<"$T_ERR")" "finite timestamp"
+  done
+  # Not a timestamp at all (NaN is a float's, not a timestamp's): PostgreSQL's judgement.
+  for ts in NaN nan allballs ''; do
+    expect_exit 2 "$LEASH" enqueue --run-after "$ts" '{}'
+    [[ $(head -n1 "$T_ERR") == "leash enqueue: "* ]] || fail "--run-after $ts: $(<"$T_ERR")"
+  done
   assert_eq "nothing more written" "$(q "select count(*) from agent_work_queue")" 3
 }
 
