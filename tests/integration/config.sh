@@ -415,6 +415,11 @@ case_completion_completes_values_scripts_and_actions() {
       assert_eq "$mode: --file: files" "$(complete_words $m leash enqueue --file t)" \
         "$(printf '%s\n' task.lua tasks.jsonl)"
       assert_eq "$mode: nothing after run's script" "$(complete_words $m leash run task.lua "")" ""
+      # A switch takes no value: the word after it is the script again.
+      assert_eq "$mode: script after a switch" "$(complete_words $m leash run --until-empty "")" \
+        "$(printf '%s\n' libs more task.lua)"
+      assert_eq "$mode: script after an option's value" \
+        "$(complete_words $m leash run --concurrency 4 "")" "$(printf '%s\n' libs more task.lua)"
     )
   done
 }
