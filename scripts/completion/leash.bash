@@ -82,16 +82,18 @@ _leash()
             split=true
         fi
     fi
-    local bin=${words[0]/#\~/$HOME} i w cmd='' cmdat=0 opts
+    local bin=${words[0]/#\~/$HOME} i w cmd='' cmdat=0 opts globals
 
     # The command: the first word that is neither an option nor a global option's value.
+    globals=$(_leash_options "$bin")
     for ((i = 1; i < cword; i++)); do
         w=${words[i]}
-        case $w in
-            --db | --table | --log-format | --log-level) ((i++)) ;;
-            -*) ;;
-            *) cmd=$w cmdat=$i; break ;;
-        esac
+        if [[ $w == -* ]]; then
+            grep -qxF -- "$w" <<<"$globals" && ((i += 1))
+        else
+            cmd=$w cmdat=$i
+            break
+        fi
     done
 
     opts=$(_leash_options "$bin" "$cmd")
@@ -131,9 +133,9 @@ _leash()
         elif [[ $w == --*=* ]]; then
             :
         elif [[ $w == -* ]]; then
-            grep -qxF -- "$w" <<<"$opts" && ((i++))
+            grep -qxF -- "$w" <<<"$opts" && ((i += 1))
         else
-            ((nargs++))
+            ((nargs += 1))
         fi
     done
     case $cmd in
