@@ -146,6 +146,11 @@ case_a_valid_variable_takes_effect_for_each_kind() {
   assert_eq "row from the variables" \
     "$(q "select tenant_id, batch, priority, max_attempts, run_after > now() + interval '50 minutes'
             from agent_work_queue")" "acme|b1|7|3|t"
+  # LEASH_DB is used (the connection fails: nothing listens on port 1) and, like --db,
+  # never printed: it may hold a password.
+  expect_exit 1 env LEASH_DB='postgresql://u:s3cret-pw@127.0.0.1:1/x?connect_timeout=2' "$LEASH" status
+  assert_contains "LEASH_DB was tried" "$(<"$T_ERR")" "127.0.0.1"
+  assert_not_contains "password from LEASH_DB" "$(<"$T_ERR")" "s3cret-pw"
   # A global: the connection from LEASH_DB beats DATABASE_URL; the table from LEASH_TABLE.
   q "create schema other" >/dev/null
   expect_exit 0 env LEASH_DB="$DATABASE_URL" DATABASE_URL=postgresql:///nonexistent_db \
