@@ -2,7 +2,7 @@
 # the tests and the demo need, when any is missing (apt-get update once, then install).
 # clang and libclang-rt-14-dev (libFuzzer's runtime, only recommended by clang) build
 # the fuzz targets of tests/fuzz.
-LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted
+LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted bash-completion
                 libjansson-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev postgresql-15 postgresql-client-15 valgrind
                 util-linux bsdutils iproute2 python3 openssl clang libclang-rt-14-dev)
 

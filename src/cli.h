@@ -4,6 +4,15 @@
  * usage error adds the --help hint; runtime errors exit 1) and opening the database with the
  * queue table's name quoted. Each command parses its own options with getopt_long, listing
  * CLI_GLOBAL_OPTIONS in its table so global options work before or after it.
+ *
+ * The environment: every long option of a command's table (but --help and --version) is
+ * also read from LEASH_<NAME> (--poll-ms: LEASH_POLL_MS). cli_next_option hands those
+ * values to the command's own switch before argv's, as if they had been given first, so
+ * validation is the same code; an option that argv uses at all leaves its variable unread
+ * (for a repeatable option the variable is one value, replaced by the command line's). A
+ * switch's variable takes 1/true/yes (on) or 0/false/no (off). A bad value's error line
+ * names the variable and has no --help hint. No option takes an empty value: the command's
+ * own check sees it first (its message wins), and cli_next_option refuses what it lets by.
  */
 #ifndef LEASH_CLI_H
 #define LEASH_CLI_H
@@ -11,6 +20,7 @@
 #include "db.h"
 
 #include <getopt.h>
+#include <stdio.h>
 
 enum {
   EXIT_OK = 0,
@@ -37,11 +47,23 @@ enum {
 
 #define CLI_DEFAULT_TABLE "agent_work_queue"
 
+/* Most options one table may have (the environment pass marks them in a bitmap). */
+#define CLI_MAX_OPTIONS 128
+
 struct cli {
   const char *db;      /* --db, or NULL */
   const char *table;   /* --table, default agent_work_queue */
   const char *command; /* for messages: "enqueue" */
   const char *usage;   /* the command's help text */
+  /* The option parse's own state (zero-initialised; cli_next_option keeps it). */
+  const struct option *opts;   /* the table being parsed, for --help's variables */
+  const char *env_var;         /* while a value from the environment is handled: its name */
+  int env_state;               /* 0 not started, 1 reading the environment, 2 argv */
+  int env_next;                /* the next option of opts to look up */
+  unsigned globals_given;      /* bit (OPT_x - OPT_DB): a global option given in argv */
+  int empty_opt;               /* 1 + the index of an option just handed out with "" */
+  unsigned char in_argv[CLI_MAX_OPTIONS];   /* options argv uses: their variables are unread */
+  char env_name[80];
 };
 
 /* Handles a global option returned by getopt_long. Returns 1 when handled, 0 when opt is
@@ -56,7 +78,18 @@ int cli_global_option(struct cli *g, int opt, const char *arg, int *done);
 #define CLI_STOP (-2)
 int cli_next_option(struct cli *g, int argc, char **argv, const struct option *opts, int *rc);
 
-/* Prints "leash CMD: MSG" and a hint to stderr; returns EXIT_USAGE. */
+/* LEASH_<NAME> of a long option's name into buf ("poll-ms": "LEASH_POLL_MS"); buf. */
+char *cli_env_name(const char *option, char *buf, size_t len);
+
+/* The "environment:" part of --help: every long option of opts (but --help, --version) and
+   its variable, one a line; switches are marked. */
+void cli_print_env_help(FILE *f, const struct option *opts);
+
+/* Reads a switch's variable: 1 on (1, true, yes), 0 off (0, false, no; any case), -1 neither. */
+int cli_parse_bool(const char *s);
+
+/* Prints "leash CMD: MSG" and a hint to stderr; returns EXIT_USAGE. While a value from the
+   environment is being handled the line is "leash CMD: LEASH_X: MSG", without the hint. */
 int cli_usage_error(const struct cli *g, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
 
@@ -84,5 +117,18 @@ int cli_parse_duration(const char *s, double *out);
 /* A size in bytes: "4096", "512k", "4M", "1G" (also kB/KB, MB, GB, B; powers of 1024), at
    least min and at most max bytes. 0 or -1. */
 int cli_parse_size(const char *s, size_t min, size_t max, size_t *out);
+
+/* A size whose plain number counts units of `plain` bytes (--lua-memory: 256 is 256 MB, as
+   before units were taken), or with a unit as cli_parse_size; within min..max bytes. */
+int cli_parse_size_in(const char *s, size_t plain, size_t min, size_t max, size_t *out);
+
+/* "MIN-MAX" of two durations ("10ms-1s", "200ms-500ms"), or one duration D for D-D; each
+   within min..max seconds and MIN <= MAX. 0 or -1. */
+int cli_parse_duration_range(const char *s, double min, double max, double *lo, double *hi);
+
+/* HOST:PORT to listen on: HOST a name, an IPv4 address, [an IPv6 address], or empty (every
+   interface); PORT digits, 1 to 65535 (0, the kernel's choice, is refused: nothing would
+   say which port a scraper should ask). 0, or -1 with the reason in err. */
+int cli_check_listen_addr(const char *s, char *err, size_t errlen);
 
 #endif

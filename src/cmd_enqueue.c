@@ -42,7 +42,7 @@ static const char usage[] =
   "                        budget is paused (README \"Budgets\"; a line's \"budget\" beats it)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n"
-  "  --max-line-bytes N    refuse a line longer than N bytes (default 4M; k, M, G units)\n\n";
+  "  --max-line-bytes SIZE refuse a line longer than SIZE (default 4MB; KB, MB, GB units)\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
@@ -131,6 +131,8 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       if (*optarg == '\0')
         return cli_usage_error(g, "--%s must not be empty", opt == OPT_TENANT ? "tenant" : "shard");
       *(opt == OPT_TENANT ? &d.tenant : &d.shard) = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)   /* here: a variable's error names it */
+        return rc;
       break;
     case OPT_DELAY:
       if (cli_parse_duration(optarg, &secs) != 0)
@@ -140,6 +142,8 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       break;
     case OPT_RUN_AFTER:
       d.run_after = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)
+        return rc;
       break;
     case OPT_MAX_ATTEMPTS:
       if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_ATTEMPTS, &n) != 0)
@@ -152,6 +156,8 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
       break;
     case OPT_BATCH:
       d.batch = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)
+        return rc;
       break;
     case OPT_MAX_CRASHES:
       if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_CRASHES, &n) != 0)

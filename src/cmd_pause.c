@@ -31,7 +31,12 @@ static const char pause_usage[] =
 static const char resume_usage[] =
   "usage: leash resume (--tenant T | --batch B | --budget NAME)\n\n"
   "Lifts a pause made by leash pause (or a budget's): the scope's tasks are claimed again at\n"
-  "once (idle workers are woken). A budget's provider pause is lifted too.\n\n";
+  "once (idle workers are woken). A budget's provider pause is lifted too; a spend cap is\n"
+  "lifted by raising it (leash spend cap).\n\n"
+  "options:\n"
+  "  --tenant T            the tenant's tasks\n"
+  "  --batch B             the batch's tasks\n"
+  "  --budget NAME         the tasks enqueued with --budget NAME\n\n";
 
 enum { OPT_TENANT = OPT_COMMAND_BASE, OPT_BATCH, OPT_BUDGET, OPT_FOR, OPT_REASON, OPT_LIST,
        OPT_JSON };
@@ -62,8 +67,9 @@ struct scope {
   const char *kind, *value;
 };
 
+/* EXIT_OK to go on, or the exit status (after --help too: *stop set). */
 static int parse(struct cli *g, int argc, char **argv, int pausing, struct scope *s,
-                 double *for_s, const char **reason, int *list, int *as_json);
+                 double *for_s, const char **reason, int *list, int *as_json, int *stop);
 static int print_list(struct cli *g, PGconn *c, const struct db_table *t, int as_json);
 static int run(struct cli *g, const char *role, int pausing, int argc, char **argv);
 
@@ -82,8 +88,9 @@ static int run(struct cli *g, const char *role, int pausing, int argc, char **ar
   struct scope s = { NULL, NULL };
   double for_s = -1;
   const char *reason = NULL;
-  int list = 0, as_json = 0, rc;
-  if ((rc = parse(g, argc, argv, pausing, &s, &for_s, &reason, &list, &as_json)) != EXIT_OK)
+  int list = 0, as_json = 0, stop = 0, rc;
+  if ((rc = parse(g, argc, argv, pausing, &s, &for_s, &reason, &list, &as_json, &stop)) != EXIT_OK ||
+      stop)
     return rc;
   PGconn *c;
   struct db_table t;
@@ -138,9 +145,9 @@ static int run(struct cli *g, const char *role, int pausing, int argc, char **ar
 }
 
 static int parse(struct cli *g, int argc, char **argv, int pausing, struct scope *s,
-                 double *for_s, const char **reason, int *list, int *as_json)
+                 double *for_s, const char **reason, int *list, int *as_json, int *stop)
 {
-  static const struct option opts[] = {
+  static const struct option pause_opts[] = {
     CLI_GLOBAL_OPTIONS,
     { "tenant", required_argument, NULL, OPT_TENANT },
     { "batch", required_argument, NULL, OPT_BATCH },
@@ -151,11 +158,21 @@ static int parse(struct cli *g, int argc, char **argv, int pausing, struct scope
     { "json", no_argument, NULL, OPT_JSON },
     { NULL, 0, NULL, 0 },
   };
+  static const struct option resume_opts[] = {
+    CLI_GLOBAL_OPTIONS,
+    { "tenant", required_argument, NULL, OPT_TENANT },
+    { "batch", required_argument, NULL, OPT_BATCH },
+    { "budget", required_argument, NULL, OPT_BUDGET },
+    { NULL, 0, NULL, 0 },
+  };
+  const struct option *opts = pausing ? pause_opts : resume_opts;
   int opt, rc, scopes = 0;
   g->usage = pausing ? pause_usage : resume_usage;
   while ((opt = cli_next_option(g, argc, argv, opts, &rc)) != -1) {
-    if (opt == CLI_STOP)
+    if (opt == CLI_STOP) {
+      *stop = 1;
       return rc;
+    }
     switch (opt) {
     case OPT_TENANT:
     case OPT_BATCH:
@@ -175,23 +192,17 @@ static int parse(struct cli *g, int argc, char **argv, int pausing, struct scope
       break;
     }
     case OPT_FOR:
-      if (!pausing)
-        return cli_usage_error(g, "--for goes with pause");
       if (cli_parse_duration(optarg, for_s) != 0 || !(*for_s > 0) || *for_s > PAUSE_MAX_S)
         return cli_usage_error(g, "--for must be a duration above 0 and at most a year "
                                "(e.g. 90s, 10m, 2h), not '%s'", optarg);
       break;
     case OPT_REASON:
-      if (!pausing)
-        return cli_usage_error(g, "--reason goes with pause");
       if (strlen(optarg) > 300)
         return cli_usage_error(g, "--reason is %zu bytes; at most 300", strlen(optarg));
       *reason = optarg;
       break;
     case OPT_LIST:
     case OPT_JSON:
-      if (!pausing)
-        return cli_usage_error(g, "resume takes no --%s", opt == OPT_LIST ? "list" : "json");
       *(opt == OPT_LIST ? list : as_json) = 1;
       break;
     }

@@ -24,7 +24,9 @@ static const char run_usage[] =
   "  --tenant T            claim only tenant T (repeatable)\n"
   "  --batch B             claim only batch B\n"
   "  --worker-id ID        lease owner name (default $POD_NAME, else hostname:pid)\n"
-  "  --poll-ms MIN-MAX     idle polling interval with jitter (default 200-500)\n"
+  "  --poll MIN-MAX        idle polling interval, jittered between two durations\n"
+  "                        (default 200ms-500ms; one duration D is D-D; 1ms to 60s)\n"
+  "  --poll-ms MIN-MAX     deprecated: --poll in plain milliseconds (200-500)\n"
   "  --task-timeout S      stop a task after S (default: none; the lease is renewed)\n"
   "  --drain-timeout S     on SIGTERM, wait S for running tasks (default 30); then they are\n"
   "                        stopped and their leases given back\n"
@@ -33,19 +35,24 @@ static const char run_usage[] =
   "  --until-empty         exit 0 once the scope has no pending or leased task\n"
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
-  "  --lua-memory MB       memory cap per slot's Lua state (default 256, 0 = none)\n"
-  "  --max-result-bytes N  most bytes of JSON one encoding may make: a leash.ok result,\n"
-  "                        json.encode, a step result, a child payload (default 16 MB;\n"
-  "                        never above --lua-memory; a larger result is a retry)\n"
+  "  --lua-memory SIZE     memory cap per slot's Lua state (default 256MB, 0 = none; a\n"
+  "                        plain number is MB, or give a unit: 512MB, 1GB; at least 1MB)\n"
+  "  --max-result-bytes SIZE  most JSON one encoding may make: a leash.ok result,\n"
+  "                        json.encode, a step result, a child payload (default 16MB;\n"
+  "                        a plain number is bytes, or KB, MB, GB; never above\n"
+  "                        --lua-memory; a larger result is a retry)\n"
   "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
-  "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz\n"
+  "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz; HOST a\n"
+  "                        name, an IPv4 address, [IPv6] or empty for every interface,\n"
+  "                        PORT 1-65535\n"
   "  --budget-wait S       the longest a slot waits for a budget grant (paused or full)\n"
   "                        before the task gives its slot back and runs again after the\n"
   "                        wait, spending no attempt (default 30s; 0 = never wait)\n"
   "  --env-allow NAME[,NAME...]  let scripts read these environment variables with\n"
   "                        leash.env (repeatable); their values (8 bytes and longer) are\n"
   "                        redacted from logs and task errors\n"
-  "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n"
+  "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h. Sizes take KB, MB, GB\n"
+  "(powers of 1024).\n\n"
   "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
   "--watchdog-grace after --task-timeout (only with one), or after its lease was lost, or\n"
   "min(grace, 2 s) after the drain's stop, makes the worker settle that task as a retry\n"
@@ -59,13 +66,16 @@ static const char run_usage[] =
 static const char check_usage[] =
   "usage: leash check [--lua-path DIR]... [--env-allow NAME[,NAME...]] SCRIPT.lua\n\n"
   "Loads SCRIPT.lua as `leash run` would (sandbox, setup, contract) and reports the first\n"
-  "error; exit 0 when the script is fit to run.\n\n";
+  "error; exit 0 when the script is fit to run.\n\n"
+  "options:\n"
+  "  --lua-path DIR        another folder for require (repeatable)\n"
+  "  --env-allow NAME[,NAME...]  environment variables a setup may read with leash.env\n\n";
 
 enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
-  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW,
+  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -87,6 +97,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "tenant", required_argument, NULL, OPT_TENANT },
     { "batch", required_argument, NULL, OPT_BATCH },
     { "worker-id", required_argument, NULL, OPT_WORKER_ID },
+    { "poll", required_argument, NULL, OPT_POLL },
     { "poll-ms", required_argument, NULL, OPT_POLL_MS },
     { "task-timeout", required_argument, NULL, OPT_TASK_TIMEOUT },
     { "drain-timeout", required_argument, NULL, OPT_DRAIN_TIMEOUT },
@@ -102,7 +113,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "env-allow", required_argument, NULL, OPT_ENV_ALLOW },
     { NULL, 0, NULL, 0 },
   };
-  long max_result = -1;
+  size_t max_result = 0;
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
@@ -133,14 +144,15 @@ int cmd_run(struct cli *g, int argc, char **argv)
       cfg.db_pool = (int)n;
       break;
     case OPT_LUA_MEMORY:
-      if (cli_parse_int(optarg, 0, 1L << 20, &n) != 0)
-        return cli_usage_error(g, "--lua-memory must be a number of MB (0 = no cap)");
-      cfg.lua_memory = (size_t)n * 1024 * 1024;
+      if (cli_parse_size_in(optarg, (size_t)1 << 20, 0, (size_t)1 << 40, &cfg.lua_memory) != 0 ||
+          (cfg.lua_memory > 0 && cfg.lua_memory < (size_t)1 << 20))
+        return cli_usage_error(g, "--lua-memory must be a size from 1MB to 1024GB (a plain "
+                               "number is MB; 0 = no cap), not '%s'", optarg);
       break;
     case OPT_MAX_RESULT_BYTES:
-      if (cli_parse_int(optarg, 1, 1L << 40, &n) != 0)
-        return cli_usage_error(g, "--max-result-bytes must be a number of bytes from 1");
-      max_result = n;
+      if (cli_parse_size_in(optarg, 1, 1, (size_t)1 << 40, &max_result) != 0)
+        return cli_usage_error(g, "--max-result-bytes must be a size from 1 byte to 1024GB "
+                               "(a plain number is bytes; 64KB, 16MB), not '%s'", optarg);
       break;
     case OPT_VISIBILITY:
       if ((rc = parse_duration_opt(g, "--visibility", optarg, &cfg.visibility, 1)) != 0)
@@ -177,9 +189,13 @@ int cmd_run(struct cli *g, int argc, char **argv)
       lua_path[cfg.nlua_path++] = optarg;
       cfg.lua_path = lua_path;
       break;
-    case OPT_METRICS:
+    case OPT_METRICS: {
+      char err[300];
+      if (cli_check_listen_addr(optarg, err, sizeof err) != 0)
+        return cli_usage_error(g, "--metrics: %s", err);
       cfg.metrics_addr = optarg;
       break;
+    }
     case OPT_BATCH:
       cfg.scope.batch = optarg;
       break;
@@ -188,13 +204,28 @@ int cmd_run(struct cli *g, int argc, char **argv)
         return cli_usage_error(g, "--worker-id must not be empty");
       cfg.worker_id = optarg;
       break;
+    case OPT_POLL: {
+      double lo, hi;
+      if (cli_parse_duration_range(optarg, 0.001, 60, &lo, &hi) != 0)
+        return cli_usage_error(g, "--poll must be MIN-MAX or one duration, from 1ms to 60s, "
+                               "plain numbers in seconds (e.g. 10ms-1s), not '%s'", optarg);
+      cfg.poll_min_ms = (int)(lo * 1000 + 0.5);
+      cfg.poll_max_ms = (int)(hi * 1000 + 0.5);
+      break;
+    }
     case OPT_POLL_MS: {
-      int lo, hi, used = 0;
-      if (sscanf(optarg, "%d-%d%n", &lo, &hi, &used) != 2 || optarg[used] != '\0' || lo < 1 ||
-          hi < lo)
-        return cli_usage_error(g, "--poll-ms must be MIN-MAX in milliseconds, e.g. 200-500");
-      cfg.poll_min_ms = lo;
-      cfg.poll_max_ms = hi;
+      /* The old form, kept for existing manifests: --poll with each bound in ms. */
+      char lo_s[16];
+      const char *dash = strchr(optarg, '-');
+      long lo, hi;
+      size_t ln = dash ? (size_t)(dash - optarg) : 0;
+      if (!dash || ln >= sizeof lo_s || (memcpy(lo_s, optarg, ln), lo_s[ln] = '\0',
+                                         cli_parse_int(lo_s, 1, 60000, &lo)) != 0 ||
+          cli_parse_int(dash + 1, lo, 60000, &hi) != 0)
+        return cli_usage_error(g, "--poll-ms must be MIN-MAX in milliseconds from 1 to 60000, "
+                               "e.g. 200-500 (or use --poll 200ms-500ms)");
+      cfg.poll_min_ms = (int)lo;
+      cfg.poll_max_ms = (int)hi;
       break;
     }
     case OPT_UNTIL_EMPTY:
@@ -211,7 +242,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
   cfg.script_path = argv[optind];
   /* The result's text lives outside the Lua heap, so it may never be larger than the heap
      is allowed to be: with --lua-memory 16 no task makes 600 MB of JSON. */
-  cfg.max_result_bytes = max_result > 0 ? (size_t)max_result : DEFAULT_MAX_RESULT_BYTES;
+  cfg.max_result_bytes = max_result > 0 ? max_result : DEFAULT_MAX_RESULT_BYTES;
   if (cfg.lua_memory && cfg.lua_memory < cfg.max_result_bytes)
     cfg.max_result_bytes = cfg.lua_memory;
   if (cfg.heartbeat == 0)

@@ -25,8 +25,10 @@ static const char usage[] =
   "  price MODEL           prices per million input and output tokens (numbers >= 0); the\n"
   "                        model as the provider's answers name it (\"model\")\n\n"
   "options:\n"
-  "  --tenant T, --batch B the scope of cap\n"
-  "  --input P, --output P prices per million tokens, for price\n"
+  "  --tenant T            a tenant's cap\n"
+  "  --batch B             a batch's cap\n"
+  "  --input P             the price per million input tokens, for price\n"
+  "  --output P            the price per million output tokens, for price\n"
   "  --delete              forget a model's price\n"
   "  --json                show as one JSON object\n\n";
 

@@ -33,7 +33,7 @@ static const struct command commands[] = {
   { NULL, NULL, NULL },
 };
 
-static void print_help(void);
+static void print_help(const struct option *opts);
 
 int main(int argc, char **argv)
 {
@@ -53,7 +53,7 @@ int main(int argc, char **argv)
   opterr = 0;
   while ((opt = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
     if (opt == 'h') {
-      print_help();
+      print_help(opts);
       return EXIT_OK;
     }
     if (opt == '?' || opt == ':')
@@ -63,7 +63,7 @@ int main(int argc, char **argv)
       return rc;
   }
   if (optind >= argc) {
-    print_help();
+    print_help(opts);
     return EXIT_USAGE;
   }
   int at = optind;
@@ -77,10 +77,12 @@ int main(int argc, char **argv)
   return cli_usage_error(&g, "unknown command '%s'", name);
 }
 
-static void print_help(void)
+static void print_help(const struct option *opts)
 {
   printf("usage: leash [GLOBAL OPTIONS] COMMAND [OPTIONS]\n\ncommands:\n");
   for (const struct command *c = commands; c->name; c++)
     printf("  %-9s %s\n", c->name, c->summary);
-  printf("\n%s\nRun 'leash COMMAND --help' for a command's options.\n", cli_global_help);
+  printf("\n%s\n", cli_global_help);
+  cli_print_env_help(stdout, opts);
+  printf("\nRun 'leash COMMAND --help' for a command's options and their variables.\n");
 }
