@@ -52,6 +52,20 @@
 #   leases     one process --concurrency 2, tasks of 2 ms and (1 in 4) 150 ms: the leased rows
 #              sampled every 50 ms while it drains, the most seen (<= 4 = 2 x slots).
 #
+# The budgets' targets (issue 15), against scripts/mock_llm.py over loopback:
+#   budget     3 processes x 20 slots, one call per task (~320 tokens) under one budget set
+#              to the mock's own limit, 300 requests/min and 100,000 tokens/min for all
+#              clients together, for 5 minutes: the share of the limit achieved after the
+#              first minute (>= 90%) and the share of requests the mock answered 429 then
+#              (<= 1%), from the mock's own per-minute counts.
+#   outage     3,000 tasks (budget llm, enqueued with --budget llm; 600 requests/min) and a
+#              second budget's 600 tasks on another endpoint, 3 processes x 20 slots, default
+#              settings; after a third of llm's tasks, a 10-minute outage of llm's endpoint
+#              (every request 429, Retry-After: 60): tasks dead (0), attempts spent on 429s
+#              (0: the most attempts of a task is 1), seconds from the outage's end to llm's
+#              next answer (<= Retry-After + 5), the other budget's answers during the
+#              outage (> 0).
+#
 # Every workload gets a fresh database (dropped afterwards). --smoke runs each at tiny sizes,
 # in well under a minute, to prove the bench still works (tests/integration/bench.sh).
 #
@@ -74,7 +88,7 @@ cd "$ROOT"
 usage() { sed -n '2,/^# shellcheck/{/^# shellcheck/d;s/^# \{0,1\}//;p}' "$0"; }
 die() { echo "bench/run.sh: $*" >&2; exit 1; }
 
-ALL_WORKLOADS=drain,serial,latency,depth,one-row,wide,idle,heartbeat,blocks,parked,fairness,priority,tenants,leases
+ALL_WORKLOADS=drain,serial,latency,depth,one-row,wide,idle,heartbeat,blocks,parked,fairness,priority,tenants,leases,budget,outage
 SMOKE=0 WORKLOADS=$ALL_WORKLOADS N="" C=""
 while (($#)); do
   case $1 in
@@ -107,6 +121,9 @@ if ((SMOKE)); then
   HB_SLOTS=10 HB_SLEEP=6 HB_INTERVAL=0.5 HB_WINDOW=2 HB_WARM=1
   PARK_ROWS=5000 PARK_FREE=200 FAIR_A=2000 FAIR_B=50 PRIO_ROWS=3000 PRIO_AFTER=300 LEASE_TASKS=40
   PARK_ROUNDS=1 PAIR_ROUNDS=1
+  BUDGET_RPM=120 BUDGET_TPM=40000 BUDGET_WINDOW=5 BUDGET_SECONDS=15 BUDGET_WARM=5
+  OUT_TASKS=90 OUT_OTHER=20 OUT_RPM=10 OUT_WINDOW=1 OUT_SECONDS=4 OUT_RETRY=2
+  OUT_ARGS=(--budget-wait 1s)   # the smoke's Retry-After is shorter than the default's 30 s
 else
   : "${N:=20000}" "${C:=10}"
   LAT_SECONDS=10 LAT_SETTLE=3
@@ -120,6 +137,9 @@ else
   HB_SLOTS=50 HB_SLEEP=20 HB_INTERVAL=1 HB_WINDOW=5 HB_WARM=11
   PARK_ROWS=100000 PARK_FREE=2000 FAIR_A=50000 FAIR_B=500 PRIO_ROWS=50000 PRIO_AFTER=2000
   LEASE_TASKS=400 PARK_ROUNDS=3 PAIR_ROUNDS=3
+  BUDGET_RPM=300 BUDGET_TPM=100000 BUDGET_WINDOW=60 BUDGET_SECONDS=300 BUDGET_WARM=60
+  OUT_TASKS=3000 OUT_OTHER=600 OUT_RPM=600 OUT_WINDOW=60 OUT_SECONDS=600 OUT_RETRY=60
+  OUT_ARGS=()
 fi
 [[ $N =~ ^[1-9][0-9]*$ ]] || die "--n must be a positive integer"
 [[ $C =~ ^[1-9][0-9]*$ ]] || die "--c must be a positive integer"
@@ -820,10 +840,113 @@ w_leases() {
     "one process, --concurrency 2, $LEASE_TASKS tasks (1 in 4 leash.sleep(0.15), the rest 0.002): $(calc %.2f "($t1 - $t0) / 1e6") s = $PARTS; leased rows sampled every 50 ms ($samples samples, leased: count) $dist"
 }
 
+# ------------------------------------------------------------------ budgets
+# mock ARGS...: scripts/mock_llm.py on a free port (stopped when the workload ends); MOCK_URL.
+mock() {
+  python3 scripts/mock_llm.py --port 0 --idle-exit 900 "$@" >"$WORK/mock.out" 2>"$WORK/mock.log" &
+  LIVE_MOCK=$!
+  LIVE[$LIVE_MOCK]=1
+  wait_until "the mock to print its port" 10 grep -q '^PORT [0-9]' "$WORK/mock.out"
+  MOCK_URL=http://127.0.0.1:$(sed -n '1s/^PORT //p' "$WORK/mock.out")
+}
+# mock_json EXPR: a Python expression over s, the mock's /_stats.
+mock_json() {
+  python3 -c 'import json, sys, urllib.request
+s = json.load(urllib.request.urlopen(sys.argv[1] + "/_stats", timeout=10))
+print(eval(sys.argv[2]))' "$MOCK_URL" "$1"
+}
+calls_table() {
+  q "CREATE TABLE calls (task_id bigint, attempt int, status int, budget text,
+                         at timestamptz NOT NULL DEFAULT clock_timestamp())" >/dev/null
+}
+# llm_tasks N URL BUDGET TOKENS PROMPT_BYTES: JSONL for bench/lua/llm_call.lua.
+llm_tasks() {
+  awk -v n="$1" -v u="$2" -v b="$3" -v t="$4" -v len="$5" 'BEGIN {
+    pad = sprintf("%*s", len, ""); gsub(/ /, "x", pad)
+    for (i = 0; i < n; i++)
+      printf "{\"payload\":{\"url\":\"%s\",\"budget\":\"%s\",\"tokens\":%d,\"prompt\":\"%d %s\"}}\n", u, b, t, i, pad
+  }'
+}
+
+w_budget() {
+  newdb budget
+  calls_table
+  mock --rpm "$BUDGET_RPM" --tpm "$BUDGET_TPM" --window-s "$BUDGET_WINDOW"
+  local per=$((BUDGET_TPM / BUDGET_RPM)) n=$((BUDGET_RPM * BUDGET_SECONDS / BUDGET_WINDOW * 2))
+  # Prompts of (per - 20) tokens at 4 bytes each: with the answer's ~12 tokens, a call uses
+  # about per tokens, so both limits bind together.
+  "$LEASH" budget set llm --rpm "$BUDGET_RPM" --tpm "$BUDGET_TPM" --window "${BUDGET_WINDOW}s" >/dev/null
+  llm_tasks "$n" "$MOCK_URL/v1/chat/completions" llm "$per" $(((per - 20) * 4)) >"$WORK/llm.jsonl"
+  enqueue "$WORK/llm.jsonl" "$n"
+  settle_db
+  local p i
+  for i in 1 2 3; do start "b$i" "$LUA/llm_call.lua" --concurrency 20; p[$i]=$PID; done
+  nap "$BUDGET_WARM"
+  local r0 t0 ok0 r1 t1 ok1
+  IFS='|' read -r r0 ok0 t0 < <(mock_json '"%d|%d|%d" % (s["total"], s["answers"].get("/v1/chat/completions", {}).get("429", 0), s["tokens"]["total"])')
+  local s0; s0=$(now_us)
+  nap "$((BUDGET_SECONDS - BUDGET_WARM))"
+  IFS='|' read -r r1 ok1 t1 < <(mock_json '"%d|%d|%d" % (s["total"], s["answers"].get("/v1/chat/completions", {}).get("429", 0), s["tokens"]["total"])')
+  local s1; s1=$(now_us)
+  for i in 1 2 3; do stop "b$i" "${p[$i]}"; done
+  local secs reqs refused toks share_r share_t share_429
+  secs=$(calc %.1f "($s1 - $s0) / 1e6")
+  reqs=$((r1 - r0)) refused=$((ok1 - ok0)) toks=$((t1 - t0))
+  share_r=$(calc %.1f "100 * ($reqs - $refused) / ($BUDGET_RPM * $secs / $BUDGET_WINDOW)")
+  share_t=$(calc %.1f "100 * $toks / ($BUDGET_TPM * $secs / $BUDGET_WINDOW)")
+  share_429=$(calc %.2f "($reqs > 0 ? 100 * $refused / $reqs : 0)")
+  kill "$LIVE_MOCK" 2>/dev/null || true
+  dropdb
+  fig budget "$share_r% of the request limit, $share_t% of the token limit (target >= 90%); $share_429% answered 429 (target <= 1%)" \
+    "3 processes x 20 slots, one budget = the mock's limit ($BUDGET_RPM requests, $BUDGET_TPM tokens per ${BUDGET_WINDOW} s, all clients together), measured from ${BUDGET_WARM} s to ${BUDGET_SECONDS} s ($secs s): $((reqs - refused)) answered, $refused refused, $toks tokens, by the mock's own counts"
+}
+
+w_outage() {
+  newdb outage
+  calls_table
+  mock
+  "$LEASH" budget set llm --rpm "$OUT_RPM" --window "${OUT_WINDOW}s" >/dev/null
+  "$LEASH" budget set embed --rpm "$OUT_RPM" --window "${OUT_WINDOW}s" >/dev/null
+  llm_tasks "$OUT_TASKS" "$MOCK_URL/v1/chat/completions" llm 20 40 >"$WORK/a.jsonl"
+  llm_tasks "$OUT_OTHER" "$MOCK_URL/v1/embeddings" embed 20 40 >"$WORK/b.jsonl"
+  local got
+  got=$("$LEASH" enqueue --budget llm --file "$WORK/a.jsonl") || die "enqueue failed"
+  [[ $got == "$OUT_TASKS" ]] || die "enqueued $got of $OUT_TASKS"
+  # The other budget's tasks trickle in (as a second provider's work would): a tenth of them
+  # now, the rest during the outage.
+  head -n $((OUT_OTHER / 10)) "$WORK/b.jsonl" | "$LEASH" enqueue --budget embed --file - >/dev/null
+  settle_db
+  local p i
+  for i in 1 2 3; do start "o$i" "$LUA/llm_call.lua" --concurrency 20 "${OUT_ARGS[@]}"; p[$i]=$PID; done
+  wait_until "a third of llm's tasks" 600 q_true \
+    "SELECT count(*) >= $((OUT_TASKS / 3)) FROM calls WHERE budget = 'llm' AND status = 200"
+  curl -sf -X POST -d "{\"outage_s\": $OUT_SECONDS, \"retry_after\": $OUT_RETRY, \"paths\": [\"/v1/chat/completions\"]}" \
+    "$MOCK_URL/_control" >/dev/null || die "the mock refused the outage"
+  local o0 o1
+  o0=$(q "SELECT extract(epoch FROM clock_timestamp())")
+  tail -n +$((OUT_OTHER / 10 + 1)) "$WORK/b.jsonl" | "$LEASH" enqueue --budget embed --file - >/dev/null
+  o1=$(calc %.3f "$o0 + $OUT_SECONDS")
+  wait_until "every task to settle" $((OUT_SECONDS + 1800)) q_true \
+    "SELECT count(*) = 0 FROM agent_work_queue WHERE status IN ('pending', 'leased')"
+  for i in 1 2 3; do stop "o$i" "${p[$i]}"; done
+  local dead most resume during refused
+  dead=$(q "SELECT count(*) FROM agent_work_queue WHERE status = 'dead'")
+  most=$(q "SELECT max(attempts) FROM agent_work_queue")
+  resume=$(q "SELECT round((extract(epoch FROM min(at)) - $o1)::numeric, 1) FROM calls
+               WHERE budget = 'llm' AND status = 200 AND extract(epoch FROM at) > $o1")
+  during=$(q "SELECT count(*) FROM calls WHERE budget = 'embed' AND status = 200
+               AND extract(epoch FROM at) BETWEEN $o0 AND $o1")
+  refused=$(mock_json 's["outage_refused"]')
+  kill "$LIVE_MOCK" 2>/dev/null || true
+  dropdb
+  fig outage "$dead dead (target 0), most attempts $most (target 1: none spent on 429s), llm answered again $resume s after the outage (target <= $((OUT_RETRY + 5))), $during answers of the other budget during it (target > 0)" \
+    "3 processes x 20 slots, ${OUT_ARGS[*]:-default settings}; $OUT_TASKS tasks of budget llm ($OUT_RPM per $OUT_WINDOW s) and $OUT_OTHER of budget embed on another endpoint; an outage of llm's endpoint for $OUT_SECONDS s (429, Retry-After: $OUT_RETRY) after a third of llm's tasks; the mock refused $refused requests in it"
+}
+
 # ------------------------------------------------------------------ main
 server=$(qp "SHOW server_version" | cut -d' ' -f1)
 fsync=$(qp "SHOW fsync") sync=$(qp "SHOW synchronous_commit")
-say "leash $("$LEASH" --version | awk '{ print $NF }'), PostgreSQL $server (fsync=$fsync), N=$N C=$C$( ((SMOKE)) && echo ", smoke")"
+say "leash $("$LEASH" --version | awk 'NR == 1 { print $NF }'), PostgreSQL $server (fsync=$fsync), N=$N C=$C$( ((SMOKE)) && echo ", smoke")"
 
 failed=0
 for w in "${WL[@]}"; do
@@ -847,7 +970,7 @@ for w in "${WL[@]}"; do
 done
 
 echo
-echo "leash bench: leash $("$LEASH" --version | awk '{ print $NF }') ($LEASH), PostgreSQL $server, fsync=$fsync, synchronous_commit=$sync, $(nproc) CPUs, N=$N, C=$C$( ((SMOKE)) && echo ", --smoke")"
+echo "leash bench: leash $("$LEASH" --version | awk 'NR == 1 { print $NF }') ($LEASH), PostgreSQL $server, fsync=$fsync, synchronous_commit=$sync, $(nproc) CPUs, N=$N, C=$C$( ((SMOKE)) && echo ", --smoke")"
 echo
 echo "| workload | figure | details | load |"
 echo "|---|---|---|---|"
