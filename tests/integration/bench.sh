@@ -9,7 +9,7 @@ case_smoke_runs_every_workload() {
   need_pg
   local w row
   LEASH_BENCH_USE_PG=1 expect_exit 0 "$LEASH_SRC/bench/run.sh" --smoke
-  for w in drain serial latency depth one-row wide idle heartbeat blocks parked fairness priority tenants leases; do
+  for w in drain serial latency depth one-row wide idle heartbeat blocks parked fairness priority tenants leases budget outage; do
     row=$(grep -E "^\| $w \| " "$T_OUT" || true)
     [[ -n $row ]] || fail "no row for $w in the table"$'\n'"$(_t_tail stdout "$T_OUT")"$'\n'"$(_t_tail stderr "$T_ERR")"
     # The figure column starts with a number (tasks/s, p50, a ratio, seconds, a rate).
