@@ -18,6 +18,7 @@
 
 #include "dbpool.h"
 #include "log.h"
+#include "metrics.h"
 #include "provider.h"
 #include "queue.h"
 #include "task_context.h"
@@ -45,6 +46,7 @@ static const char *check_name(lua_State *L, int idx, const char *what);
 static int exec(lua_State *L, const char *sql, int n, const char *const *params,
                 PGresult **out, char *err, size_t errlen);
 static double jitter(double wait);
+static struct budget_counters *counters(lua_State *L, const char *name);
 
 int api_budget_open(lua_State *L)
 {
@@ -83,17 +85,28 @@ void api_budget_begin(lua_State *L, const char *what, const char *name, long lon
     char why[128];
     snprintf(why, sizeof why, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 3) : "");
     PQclear(r);
+    struct budget_counters *bk = counters(L, name);
     if (granted) {
       bc->id = call;
+      if (bk)
+        atomic_fetch_add(&bk->grants, 1);
+      else if (ctx->host->stats)
+        atomic_fetch_add(&ctx->host->stats->budgets_untracked, 1);
       return;
     }
     double left = taskctx_time_left(ctx);
+    if ((wait > ctx->host->budget_wait_s || wait >= left) && bk)
+      atomic_fetch_add(&bk->yields, 1);
     if (wait > ctx->host->budget_wait_s || wait >= left)
       taskctx_yield(L, CAUSE_BUDGET, wait + jitter(wait),
                     "budget '%s' (%s): the next grant is %.1f s away, longer than %s; the "
                     "task gave its slot back and runs again then", name, why, wait,
                     wait >= left ? "the task's time left" : "--budget-wait");
-    if (taskctx_sleep(ctx, wait))
+    double slept = task_now();
+    int over = taskctx_sleep(ctx, wait);
+    if (bk)
+      atomic_fetch_add(&bk->wait_us, (long long)((task_now() - slept) * 1e6));
+    if (over)
       luaL_error(L, "task timed out (--task-timeout)");
   }
 }
@@ -116,6 +129,11 @@ int api_budget_end(lua_State *L, struct budget_call *bc, const struct provider_u
 {
   if (used && used->total < 0)
     used = NULL;
+  struct budget_counters *bk = counters(L, bc->name);
+  if (bk && used)
+    atomic_fetch_add(&bk->tokens, used->total);
+  if (bk && pause_s >= 0 && bc->id >= 0)
+    atomic_fetch_add(&bk->refused, 1);
   if (bc->hold) {
     if (used)
       usage_add(&bc->hold->used, used);
@@ -307,6 +325,15 @@ static int exec(lua_State *L, const char *sql, int n, const char *const *params,
   dbpool_put(ctx->host->pool, c);
   *out = r;
   return 0;
+}
+
+/* This process's counters of budget name (metrics), or NULL (none, or too many names). */
+static struct budget_counters *counters(lua_State *L, const char *name)
+{
+  struct metrics_counters *m = taskctx_of(L)->host->stats;
+  if (!m)
+    return NULL;
+  return metrics_budget(m, name);
 }
 
 /* Tasks a pause parked come back spread over a little time after it, not all at its end:

@@ -112,7 +112,7 @@ static void host_init(struct host *h, const struct host_config *cfg)
     .wake_cv = &h->wake_cv, .task_timeout = cfg->task_timeout, .memory_limit = cfg->lua_memory,
     .lua_path = cfg->lua_path, .nlua_path = cfg->nlua_path, .tenants = cfg->tenants,
     .ntenants = cfg->ntenants, .max_result_bytes = cfg->max_result_bytes,
-    .budget_wait_s = cfg->budget_wait,
+    .budget_wait_s = cfg->budget_wait, .stats = &h->stats,
   };
   h->leases = lease_registry_new();
   h->watch = calloc((size_t)cfg->concurrency, sizeof *h->watch);

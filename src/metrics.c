@@ -57,6 +57,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                               const char *method, const char *version, const char *upload,
                               size_t *upload_len, void **state);
 static void render(struct metrics *m, struct text *out);
+static void put_budgets(struct text *b, struct metrics_counters *c);
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code);
 static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
@@ -71,9 +72,33 @@ static void put_histogram(struct text *b, const char *name, const char *help,
 void metrics_counters_init(struct metrics_counters *c)
 {
   memset(c, 0, sizeof *c);
+  pthread_mutex_init(&c->budgets_mu, NULL);
   atomic_store(&c->queue_runnable, -1);
   atomic_store(&c->queue_scheduled, -1);
   atomic_store(&c->queue_leased, -1);
+}
+
+struct budget_counters *metrics_budget(struct metrics_counters *c, const char *name)
+{
+  int i;
+  for (i = 0; i < METRICS_BUDGETS && atomic_load(&c->budgets[i].ready); i++)
+    if (strcmp(c->budgets[i].name, name) == 0)
+      return &c->budgets[i];
+  /* Not there: add it under the lock (another slot may be adding the same name). */
+  struct budget_counters *found = NULL;
+  pthread_mutex_lock(&c->budgets_mu);
+  for (i = 0; i < METRICS_BUDGETS && atomic_load(&c->budgets[i].ready); i++)
+    if (strcmp(c->budgets[i].name, name) == 0)
+      break;
+  if (i < METRICS_BUDGETS) {
+    found = &c->budgets[i];
+    if (!atomic_load(&found->ready)) {
+      snprintf(found->name, sizeof found->name, "%s", name);
+      atomic_store(&found->ready, 1);   /* seq_cst: the name is written before it is read */
+    }
+  }
+  pthread_mutex_unlock(&c->budgets_mu);
+  return found;
 }
 
 long long metrics_dead_total(struct metrics_counters *c)
@@ -385,12 +410,58 @@ static void render(struct metrics *m, struct text *b)
   }
   put(b, "# HELP leash_database_up 1 while the lease connection is up.\n"
          "# TYPE leash_database_up gauge\nleash_database_up %d\n", atomic_load(&c->db_up));
+  put_budgets(b, c);
   put_histogram(b, "leash_task_duration_seconds", "Time handle(task) ran.", &c->task_seconds);
   put_histogram(b, "leash_claim_duration_seconds",
                 "Round trip of one settle-and-claim cycle.", &c->cycle_seconds);
   put_histogram(b, "leash_pickup_latency_seconds",
                 "From a task becoming runnable (created or run_after) to its claim.",
                 &c->pickup_seconds);
+}
+
+/* Per budget, this process's own counts (sum() over pods is right): only budgets this
+   process has used. */
+static void put_budgets(struct text *b, struct metrics_counters *c)
+{
+  static const struct {
+    const char *name, *help;
+    size_t offset;
+    int seconds;
+  } series[] = {
+    { "leash_budget_grants_total", "Budgeted calls and blocks granted, by budget.",
+      offsetof(struct budget_counters, grants), 0 },
+    { "leash_budget_refused_total", "Budgeted calls the provider answered 429 or 503 (each "
+      "paused the budget for the fleet).", offsetof(struct budget_counters, refused), 0 },
+    { "leash_budget_yields_total", "Tasks that gave their slot back waiting for the budget "
+      "(longer than --budget-wait).", offsetof(struct budget_counters, yields), 0 },
+    { "leash_budget_wait_seconds_total", "Time slots waited for a grant.",
+      offsetof(struct budget_counters, wait_us), 1 },
+    { "leash_budget_tokens_total", "Tokens the answers (or leash.usage) reported.",
+      offsetof(struct budget_counters, tokens), 0 },
+  };
+  for (size_t k = 0; k < sizeof series / sizeof series[0]; k++) {
+    put(b, "# HELP %s %s\n# TYPE %s counter\n", series[k].name, series[k].help, series[k].name);
+    for (int i = 0; i < METRICS_BUDGETS && atomic_load(&c->budgets[i].ready); i++) {
+      struct budget_counters *e = &c->budgets[i];
+      char label[2 * METRICS_BUDGET_NAME_MAX + 1];
+      size_t n = 0;
+      for (const char *p = e->name; *p && n + 2 < sizeof label; p++) {
+        if (*p == '"' || *p == '\\')
+          label[n++] = '\\';
+        label[n++] = *p;   /* names hold no control characters (api_budget.c) */
+      }
+      label[n] = '\0';
+      long long v = atomic_load((atomic_llong *)((char *)e + series[k].offset));
+      if (series[k].seconds)
+        put(b, "%s{budget=\"%s\"} %.6f\n", series[k].name, label, (double)v / 1e6);
+      else
+        put(b, "%s{budget=\"%s\"} %lld\n", series[k].name, label, v);
+    }
+  }
+  put(b, "# HELP leash_budget_untracked_grants_total Grants of budgets past the first %d names "
+         "this process used (not labelled).\n# TYPE leash_budget_untracked_grants_total "
+         "counter\nleash_budget_untracked_grants_total %lld\n", METRICS_BUDGETS,
+      (long long)atomic_load(&c->budgets_untracked));
 }
 
 static void put_histogram(struct text *b, const char *name, const char *help,

@@ -10,6 +10,7 @@
 #include "outcome.h"
 #include "script.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -31,6 +32,19 @@ enum dead_reason {
   DEAD_REASONS
 };
 
+/* One budget's counters in this process (api_budget.c counts them; labelled by name). */
+#define METRICS_BUDGETS 32
+#define METRICS_BUDGET_NAME_MAX 200
+struct budget_counters {
+  atomic_int ready;             /* 1 once name is written: the entry is in use */
+  char name[METRICS_BUDGET_NAME_MAX + 1];
+  atomic_llong grants;          /* calls (or blocks) granted */
+  atomic_llong refused;         /* answers 429 or 503 */
+  atomic_llong yields;          /* tasks that gave their slot back waiting for it */
+  atomic_llong wait_us;         /* time slots waited for a grant */
+  atomic_llong tokens;          /* tokens the answers (or leash.usage) reported */
+};
+
 /* Counters, explained where they are counted (host.c, lease.c for reaps): each task settles
    exactly once as done, retried (pending again) or dead, or is counted lost (outcome
    discarded) or late (fence rejected). */
@@ -43,9 +57,17 @@ struct metrics_counters {
   atomic_llong queue_runnable, queue_scheduled, queue_leased;   /* -1 until sampled */
   atomic_int db_up;        /* the lease connection is up */
   atomic_int ready;        /* slots started and not draining */
+  struct budget_counters budgets[METRICS_BUDGETS];
+  atomic_llong budgets_untracked;   /* grants of budgets past the first METRICS_BUDGETS */
+  pthread_mutex_t budgets_mu;       /* taken only to add an entry */
 };
 
 void metrics_counters_init(struct metrics_counters *c);
+
+/* The counters of budget name in this process, added on first use; NULL once METRICS_BUDGETS
+   names are in use (the grant is then counted in budgets_untracked). Thread-safe; finding an
+   entry takes no lock. */
+struct budget_counters *metrics_budget(struct metrics_counters *c, const char *name);
 /* Every task this process saw go dead, whatever the reason. */
 long long metrics_dead_total(struct metrics_counters *c);
 void histogram_observe(struct histogram *h, double seconds);

@@ -19,6 +19,7 @@
 #include <stddef.h>
 
 struct dbpool;
+struct metrics_counters;
 struct log_field;
 struct queue_script_sql;
 
@@ -40,6 +41,7 @@ struct script_host {
   int nlua_path;
   double budget_wait_s;         /* the longest a slot waits for a budget before it gives the
                                    slot back (--budget-wait); 0 = never waits */
+  struct metrics_counters *stats;   /* the budgets' counters; NULL: none (leash check) */
 };
 
 struct budget_hold;

@@ -49,6 +49,20 @@ jobs() {
   done
 }
 
+# free_port: a loopback port nothing listens on.
+free_port() {
+  local p
+  for ((p = 20200 + RANDOM % 500; p < 21000; p++)); do
+    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+  fail "no free port"
+}
+
+# metric PORT SERIES: a worker's /metrics value of SERIES (exact, labels included), or 0.
+metric() {
+  curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n { v = $2 } END { print v + 0 }'
+}
+
 all_done() { [[ $(q "select count(*) from agent_work_queue where status <> 'done'") == 0 ]]; }
 
 # ---------------------------------------------------------------- shared limits
@@ -117,17 +131,27 @@ case_a_429_pauses_the_budget_and_spends_no_attempt() {
   start_mock --rate-429 0.5 --seed 11
   jobs 30 '"budget":"llm","tokens":5' >"$T_TMP/jobs.jsonl"
   enqueue_file "$T_TMP/jobs.jsonl" 30
-  start_worker w1 "$BFIX" --concurrency 3
-  start_worker w2 "$BFIX" --concurrency 3
+  local p1 p2
+  p1=$(free_port)
+  start_worker w1 "$BFIX" --concurrency 3 --metrics "127.0.0.1:$p1"
+  p2=$(free_port)
+  [[ $p2 != "$p1" ]] || p2=$((p1 + 1))
+  start_worker w2 "$BFIX" --concurrency 3 --metrics "127.0.0.1:$p2"
   wait_for "every task to be done" 120 all_done
-  assert_eq "every task done at its first attempt" \
-    "$(q "select count(*) from agent_work_queue where status = 'done' and attempts = 1")" 30
+  local m_refused m_grants
+  m_refused=$(( $(metric "$p1" 'leash_budget_refused_total{budget="llm"}') + $(metric "$p2" 'leash_budget_refused_total{budget="llm"}') ))
+  m_grants=$(( $(metric "$p1" 'leash_budget_grants_total{budget="llm"}') + $(metric "$p2" 'leash_budget_grants_total{budget="llm"}') ))
   local refused mock429
   refused=$(q "select refused from agent_work_queue_budgets where name = 'llm'")
   mock429=$(mock_stat answers /v1/chat/completions 429)
   (( mock429 > 0 )) || fail "the mock refused nothing: the test proves nothing"
   assert_eq "the budget counted every refusal" "$refused" "$mock429"
+  assert_eq "the workers' metrics counted every refusal" "$m_refused" "$mock429"
+  assert_eq "the workers' metrics counted a grant per call the mock saw" "$m_grants" \
+    "$(( $(mock_stat answers /v1/chat/completions 200) + mock429 ))"
   assert_eq "the script saw only 200s" "$(q "select count(*) from calls where status <> 200")" 0
+  assert_eq "every task done at its first attempt" \
+    "$(q "select count(*) from agent_work_queue where status = 'done' and attempts = 1")" 30
 }
 
 # A pause (leash budget pause, or one task's leash.budget.pause) holds every process's calls
