@@ -68,6 +68,21 @@ static const char holds_fmt[] =
   "  FROM %s WHERE until IS NULL OR until > now() "
   " ORDER BY kind, scope COLLATE \"C\", source LIMIT 100";
 
+/* Budgets (sql/015): name, rpm, calls in the window, tpm, tokens in the window, in flight,
+   seconds paused (NULL: not), window seconds. %s: budgets, budget calls. */
+static const char budgets_fmt[] =
+  "SELECT b.name, b.rpm, coalesce(w.n, 0), b.tpm, coalesce(w.tokens, 0), coalesce(w.active, 0), "
+  "       CASE WHEN b.paused_until > now() "
+  "            THEN round(extract(epoch FROM b.paused_until - now())::numeric, 1)::text END, "
+  "       b.window_s "
+  "  FROM %s b LEFT JOIN LATERAL ("
+  "    SELECT count(*) FILTER (WHERE c.at >= now() - make_interval(secs => b.window_s)) AS n,"
+  "           sum(c.tokens) FILTER (WHERE c.at >= now() - make_interval(secs => b.window_s))"
+  "             AS tokens,"
+  "           count(*) FILTER (WHERE NOT c.released AND c.hold_until > now()) AS active"
+  "      FROM %s c WHERE c.budget = b.name) w ON true "
+  " ORDER BY b.name COLLATE \"C\" LIMIT 100";
+
 static const char watch_fmt[] =
   "SELECT batch, "
   "       count(*) FILTER (WHERE status = " SQL_PENDING "), "
@@ -102,8 +117,9 @@ static int watch_sleep(double secs);
 static int terminal_columns(void);
 static double eta_of(long long open, double rate);
 static void print_json(const char *table, const char *tenant, const char *batch,
-                       PGresult *counts, PGresult *workers, PGresult *holds);
-static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds);
+                       PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets);
+static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds,
+                       PGresult *budgets);
 static long long ll_at(PGresult *r, int row, int col);
 
 int cmd_status(struct cli *g, int argc, char **argv)
@@ -167,11 +183,18 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
                        const char *batch, int as_json)
 {
   char err[DB_ERR_MAX], sql[1024];
-  PGresult *counts = NULL, *workers = NULL, *holds = NULL;
+  PGresult *counts = NULL, *workers = NULL, *holds = NULL, *budgets = NULL;
   const char *params[] = { tenant, batch };
   char *holds_t = db_table_object(t, c, "holds", 1);
-  if (!holds_t)
+  char *budgets_t = db_table_object(t, c, "budgets", 1);
+  char *calls_t = db_table_object(t, c, "budget_calls", 1);
+  char big[sizeof budgets_fmt + 2 * 512];   /* two quoted, schema-qualified names */
+  if (!holds_t || !budgets_t || !calls_t) {
+    free(holds_t);
+    free(budgets_t);
+    free(calls_t);
     return cli_runtime_error(g, "out of memory");
+  }
   int rc = EXIT_RUNTIME;
   /* One snapshot for both reads, so the numbers add up. */
   if (db_command(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err, sizeof err) != 0)
@@ -185,11 +208,14 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
   snprintf(sql, sizeof sql, holds_fmt, holds_t);
   if (!(holds = db_exec(c, sql, 0, NULL, err, sizeof err)))
     goto fail;
+  snprintf(big, sizeof big, budgets_fmt, budgets_t, calls_t);
+  if (!(budgets = db_exec(c, big, 0, NULL, err, sizeof err)))
+    goto fail;
   db_command(c, "COMMIT", err, sizeof err);
   if (as_json)
-    print_json(g->table, tenant, batch, counts, workers, holds);
+    print_json(g->table, tenant, batch, counts, workers, holds, budgets);
   else
-    print_text(g->table, counts, workers, holds);
+    print_text(g->table, counts, workers, holds, budgets);
   rc = EXIT_OK;
   goto out;
 fail:
@@ -198,7 +224,10 @@ out:
   PQclear(counts);
   PQclear(workers);
   PQclear(holds);
+  PQclear(budgets);
   free(holds_t);
+  free(budgets_t);
+  free(calls_t);
   return rc;
 }
 
@@ -400,7 +429,7 @@ static json_t *count_value(PGresult *r, int col)
 }
 
 static void print_json(const char *table, const char *tenant, const char *batch,
-                       PGresult *counts, PGresult *workers, PGresult *holds)
+                       PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets)
 {
   json_t *o = json_object(), *cnt = json_object(), *w = json_object();
   json_object_set_new(o, "table", json_string(table));
@@ -441,6 +470,26 @@ static void print_json(const char *table, const char *tenant, const char *batch,
     json_array_append_new(paused, h);
   }
   json_object_set_new(o, "paused", paused);
+  json_t *bl = json_array();
+  for (int i = 0; i < PQntuples(budgets); i++) {
+    json_t *e = json_object();
+    json_object_set_new(e, "name", json_string(PQgetvalue(budgets, i, 0)));
+    static const struct { const char *key; int col; } ints[] = {
+      { "rpm", 1 }, { "requests_in_window", 2 }, { "tpm", 3 }, { "tokens_in_window", 4 },
+      { "in_flight", 5 },
+    };
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+      json_object_set_new(e, ints[k].key,
+                          PQgetisnull(budgets, i, ints[k].col)
+                            ? json_null()
+                            : json_integer(strtoll(PQgetvalue(budgets, i, ints[k].col), NULL, 10)));
+    json_object_set_new(e, "window_s", json_real(atof(PQgetvalue(budgets, i, 7))));
+    json_object_set_new(e, "paused_for_s", PQgetisnull(budgets, i, 6)
+                                             ? json_null()
+                                             : json_real(atof(PQgetvalue(budgets, i, 6))));
+    json_array_append_new(bl, e);
+  }
+  json_object_set_new(o, "budgets", bl);
   char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
   if (s)
     printf("%s\n", s);
@@ -448,7 +497,8 @@ static void print_json(const char *table, const char *tenant, const char *batch,
   json_decref(o);
 }
 
-static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds)
+static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds,
+                       PGresult *budgets)
 {
   long long pending = strtoll(PQgetvalue(counts, 0, 0), NULL, 10);
   long long runnable = strtoll(PQgetvalue(counts, 0, 1), NULL, 10);
@@ -486,5 +536,20 @@ static void print_text(const char *table, PGresult *counts, PGresult *workers, P
       if ((unsigned char)*p < 0x20 || *p == 0x7f)
         *p = '?';
     printf("%s\n", line);
+  }
+  for (int i = 0; i < PQntuples(budgets); i++) {
+    char rpm[64], tpm[64], paused[64] = "";
+    if (PQgetisnull(budgets, i, 1))
+      snprintf(rpm, sizeof rpm, "%s calls", PQgetvalue(budgets, i, 2));
+    else
+      snprintf(rpm, sizeof rpm, "%s of %s calls", PQgetvalue(budgets, i, 2), PQgetvalue(budgets, i, 1));
+    if (PQgetisnull(budgets, i, 3))
+      snprintf(tpm, sizeof tpm, "%s tokens", PQgetvalue(budgets, i, 4));
+    else
+      snprintf(tpm, sizeof tpm, "%s of %s tokens", PQgetvalue(budgets, i, 4), PQgetvalue(budgets, i, 3));
+    if (!PQgetisnull(budgets, i, 6))
+      snprintf(paused, sizeof paused, ", paused %s s", PQgetvalue(budgets, i, 6));
+    printf("budget   %s: %s, %s in the last %g s, %s in flight%s\n", PQgetvalue(budgets, i, 0),
+           rpm, tpm, atof(PQgetvalue(budgets, i, 7)), PQgetvalue(budgets, i, 5), paused);
   }
 }
