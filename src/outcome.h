@@ -30,6 +30,7 @@ enum outcome_cause {
   CAUSE_CRASH,         /* the worker died or froze under it: the reaper found the lease expired */
   CAUSE_QUARANTINED,   /* crashed max_crashes times: dead, never claimed again unless requeued */
   CAUSE_BAD_ROW,       /* the row could not be claimed or settled: the database's error */
+  CAUSE_CANCELLED,     /* `leash cancel` (<table>_cancel, sql/012) ended it: never an outcome of a run */
   CAUSE_COUNT
 };
 
