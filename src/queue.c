@@ -510,6 +510,56 @@ char *queue_insert_sql(const char *table, const char *source)
   return sql;
 }
 
+char *queue_dedup_lock_sql(const char *lockfn, const char *keys)
+{
+  static const char fmt[] =
+    "SELECT %s(k.tenant_id, k.dedup_key) FROM ("
+    "  SELECT DISTINCT coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "') AS tenant_id, "
+    "         s.dedup_key FROM (%s) s WHERE s.dedup_key IS NOT NULL "
+    "   ORDER BY 1, 2 OFFSET 0) k";
+  size_t n = sizeof fmt + strlen(lockfn) + strlen(keys);
+  char *sql = malloc(n);
+  if (sql)
+    snprintf(sql, n, fmt, lockfn, keys);
+  return sql;
+}
+
+char *queue_insert_dedup_sql(const char *table, const char *source)
+{
+  /* The same defaults as queue_insert_sql; rows kept in id order (the ids follow the
+     input's order). The look is valid only after the keys' locks (queue_dedup_lock_sql). */
+  static const char fmt[] =
+    "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
+    "                max_crashes, priority, dedup_key) "
+    "SELECT s.id, s.tenant, coalesce(s.shard_key, 'task:' || s.id), s.payload, "
+    "       coalesce(s.run_after, now()), coalesce(s.max_attempts, %d), s.batch, "
+    "       coalesce(s.max_crashes, %d), coalesce(s.priority, 0), s.dedup_key "
+    "  FROM (SELECT w.*, coalesce(w.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "') AS tenant, "
+    "               row_number() OVER (PARTITION BY coalesce(w.tenant_id, '"
+    LIFECYCLE_DEFAULT_TENANT "'), w.dedup_key ORDER BY w.id) AS dedup_n "
+    "          FROM (%s) w) s "
+    " WHERE s.dedup_key IS NULL "
+    "    OR (s.dedup_n = 1 "
+    "        AND NOT EXISTS (SELECT 1 FROM %s o WHERE o.tenant_id = s.tenant "
+    "                           AND o.dedup_key = s.dedup_key "
+    "                           AND o.status IN (" SQL_PENDING ", " SQL_LEASED "))) "
+    " ORDER BY s.id "
+    "RETURNING id";
+  size_t n = sizeof fmt + 2 * strlen(table) + strlen(source) + 32;
+  char *sql = malloc(n);
+  if (sql)
+    snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
+             source, table);
+  return sql;
+}
+
+char *queue_dedup_find_sql(const char *table)
+{
+  return format_sql("SELECT id FROM %s WHERE tenant_id = coalesce($1, '"
+                    LIFECYCLE_DEFAULT_TENANT "') AND dedup_key = $2 "
+                    "  AND status IN (" SQL_PENDING ", " SQL_LEASED ")", table);
+}
+
 /* What a requeued row becomes: a fresh start for its attempts and its crashes (a quarantined
    task runs again, with max_crashes more crashes allowed). */
 #define REQUEUE_SET \

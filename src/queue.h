@@ -127,6 +127,21 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
    (batch stays NULL). Returns the ids inserted. malloc'd, NULL when out of memory. */
 char *queue_insert_sql(const char *table, const char *source);
 
+/* Dedup keys (sql/012_sql_api.sql): enqueuers of one (tenant, key) serialise on
+   <table>_dedup_lock, then look, then insert, in one transaction.
+   queue_dedup_lock_sql: the locks for the keys of `keys`, a SELECT with columns tenant_id
+   (NULL: the default tenant) and dedup_key (NULL rows ignored), taken in key order so two
+   enqueuers cannot deadlock; run it as its own statement before the insert (the insert's
+   snapshot must be taken after the locks). lockfn: <table>_dedup_lock, qualified.
+   queue_insert_dedup_sql: queue_insert_sql's INSERT for a source that also has dedup_key:
+   a row whose key a pending or leased task of its tenant holds, or an earlier row of the
+   source (by id) has, is skipped. Returns the ids inserted.
+   queue_dedup_find_sql: the pending or leased task of ($1 tenant or NULL, $2 key).
+   Each malloc'd, NULL when out of memory. */
+char *queue_dedup_lock_sql(const char *lockfn, const char *keys);
+char *queue_insert_dedup_sql(const char *table, const char *source);
+char *queue_dedup_find_sql(const char *table);
+
 /* requeue: dead tasks back to pending, attempts and crashes 0, last_cause cleared, runnable
    now, lease cleared; stored steps, last_error and result kept. Only dead rows change. */
 
