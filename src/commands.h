@@ -18,6 +18,8 @@ int cmd_requeue(struct cli *g, int argc, char **argv);
 int cmd_inspect(struct cli *g, int argc, char **argv);
 int cmd_prune(struct cli *g, int argc, char **argv);
 int cmd_tenant(struct cli *g, int argc, char **argv);
+int cmd_cancel(struct cli *g, int argc, char **argv);
+int cmd_release(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */
 extern const char cli_global_help[];

@@ -23,6 +23,8 @@ static const struct command commands[] = {
   { "requeue", cmd_requeue, "put dead tasks back to pending (--dead, or --id N)" },
   { "inspect", cmd_inspect, "one task's row, its stored steps and last error" },
   { "tenant", cmd_tenant, "fair shares: set, list or reset a tenant's weight" },
+  { "cancel", cmd_cancel, "end pending and running tasks dead (--id N, --batch B, --tenant T)" },
+  { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
   { "run", cmd_run, "run the worker host with a Lua script" },
   { "check", cmd_check, "load a Lua script as run would and report errors" },

@@ -489,6 +489,75 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen)
   return 0;
 }
 
+/* "SELECT ... FROM <table>_<fn>(args)": sql_tail follows the function's name. */
+static PGresult *call_fn(PGconn *c, const struct db_table *t, const char *fn,
+                         const char *head, const char *tail, int n, const char *const *params,
+                         char *err, size_t errlen)
+{
+  char *name = db_table_object(t, c, fn, 1);
+  size_t len = name ? strlen(head) + strlen(name) + strlen(tail) + 1 : 0;
+  char *sql = name ? malloc(len) : NULL;
+  if (!sql) {
+    free(name);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  snprintf(sql, len, "%s%s%s", head, name, tail);
+  PGresult *r = db_exec(c, sql, n, params, err, errlen);
+  free(sql);
+  free(name);
+  return r;
+}
+
+int queue_announce(struct queue *q, PGconn *c, const struct db_table *t, char *err,
+                   size_t errlen)
+{
+  const char *params[] = { q->owner };
+  PGresult *r = call_fn(c, t, "worker_here", "SELECT ", "($1)", 1, params, err, errlen);
+  if (!r)
+    return -1;
+  PQclear(r);
+  return 0;
+}
+
+int queue_cancel(PGconn *c, const struct db_table *t, const char *ids, const char *batch,
+                 const char *tenant, long long *pending, long long *leased, char *err,
+                 size_t errlen)
+{
+  const char *params[] = { ids, batch, tenant };
+  PGresult *r = call_fn(c, t, "cancel", "SELECT pending, leased FROM ",
+                        "($1::bigint[], $2, $3)", 3, params, err, errlen);
+  if (!r)
+    return -1;
+  *pending = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+  *leased = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+  PQclear(r);
+  return 0;
+}
+
+int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker, int force,
+                         char *pids, size_t pidslen, long long *released, char *err,
+                         size_t errlen)
+{
+  const char *params[] = { worker };
+  *released = 0;
+  PGresult *r = call_fn(c, t, "worker_sessions",
+                        "SELECT coalesce(string_agg(s::text, ', '), '') FROM ", "($1) s",
+                        1, params, err, errlen);
+  if (!r)
+    return -1;
+  snprintf(pids, pidslen, "%s", PQgetvalue(r, 0, 0));
+  PQclear(r);
+  if (*pids && !force)
+    return 0;
+  r = call_fn(c, t, "release_worker", "SELECT count(*) FROM ", "($1)", 1, params, err, errlen);
+  if (!r)
+    return -1;
+  *released = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+  PQclear(r);
+  return 0;
+}
+
 char *queue_insert_sql(const char *table, const char *source)
 {
   /* The defaults of a task, applied to what the source leaves NULL: lifecycle.h's (the

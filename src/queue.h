@@ -117,6 +117,26 @@ int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t 
    as a statement. malloc'd, or NULL with err. */
 char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
+/* Marks this process's worker id as alive on connection c for as long as that session
+   lasts (<table>_worker_here, sql/012_sql_api.sql; `leash release` refuses a live worker).
+   The lease thread calls it after each connect. 0, or -1 with err. */
+int queue_announce(struct queue *q, PGconn *c, const struct db_table *t, char *err,
+                   size_t errlen);
+
+/* `leash cancel`: the pending and leased tasks of ids (a bigint[] literal), batch or tenant
+   (exactly one non-NULL) end dead, cause cancelled (<table>_cancel). 0 with the counts, or
+   -1 with err (then db_last_sqlstate says what failed). */
+int queue_cancel(PGconn *c, const struct db_table *t, const char *ids, const char *batch,
+                 const char *tenant, long long *pending, long long *leased, char *err,
+                 size_t errlen);
+
+/* `leash release`: the live sessions of worker (their backend pids, comma-separated, in
+   pids; "" when none), then, when there are none or force is set, its leases given back
+   (<table>_release_worker): *released of them. 0, or -1 with err. */
+int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker, int force,
+                         char *pids, size_t pidslen, long long *released, char *err,
+                         size_t errlen);
+
 /* Wakes the table's idle workers (rows became runnable outside a trigger). 0 or -1. */
 int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
