@@ -37,7 +37,12 @@
 --
 -- Release of a gone worker (<table>_release_worker): its leases are written as 011's
 -- <table>_release writes a drained lease (pending, its shard's head, the attempt given
--- back, runnable now). The liveness check is the caller's (src/cmd_lifecycle.c).
+-- back, runnable now). Whether the worker is gone: every `leash run` holds, on its lease
+-- connection (the one that heartbeats, always open while it runs), a session-level shared
+-- advisory lock on its worker id (<table>_worker_here); <table>_worker_sessions names the
+-- sessions holding it (pg_locks, readable by any role, unlike other roles' rows of
+-- pg_stat_activity). No session: the worker is gone, or cut off from the database for
+-- longer than its connection lasts, which is when its leases cannot be renewed either.
 
 ALTER TABLE {{table}} ALTER COLUMN tenant_id SET DEFAULT 'default';
 ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS dedup_key text;
@@ -81,7 +86,7 @@ LANGUAGE sql IMMUTABLE AS $$
     WHEN p_payload IS NULL OR jsonb_typeof(p_payload) = 'null' THEN 'payload must not be null'
     WHEN p_tenant = '' OR octet_length(p_tenant) > 512 THEN 'tenant must be 1 to 512 bytes'
     WHEN p_shard = '' OR octet_length(p_shard) > 512 THEN 'shard must be 1 to 512 bytes'
-    WHEN octet_length(p_batch) > 512 THEN 'batch must be at most 512 bytes'
+    WHEN p_batch = '' OR octet_length(p_batch) > 512 THEN 'batch must be 1 to 512 bytes'
     WHEN p_dedup_key = '' OR octet_length(p_dedup_key) > 512 THEN 'dedup_key must be 1 to 512 bytes'
     WHEN p_run_after IS NOT NULL AND p_delay_s IS NOT NULL
     THEN 'give either run_after or delay, not both'
@@ -280,6 +285,32 @@ BEGIN
   SELECT count(*) FILTER (WHERE was = 'pending'), count(*) FILTER (WHERE was = 'leased')
     INTO pending, leased FROM u;
 END $$;
+
+-- The worker-presence lock of worker p_worker: one-key advisory space, tagged.
+CREATE FUNCTION {{obj:worker_key}}(p_worker text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+  SELECT hashtextextended('leash.worker' || chr(31) || p_worker,
+                          {{table_literal}}::regclass::oid::bigint)
+$$;
+
+-- Called by the worker on its lease connection after each connect (src/queue.c,
+-- queue_announce): held until that session ends.
+CREATE FUNCTION {{obj:worker_here}}(p_worker text) RETURNS void
+LANGUAGE sql AS $$
+  SELECT pg_advisory_lock_shared({{obj:worker_key}}(p_worker))
+$$;
+
+-- The sessions (backend pids) of worker p_worker that are alive now: the holders of its
+-- presence lock (a bigint key shows in pg_locks as classid = high half, objid = low half,
+-- objsubid 1).
+CREATE FUNCTION {{obj:worker_sessions}}(p_worker text) RETURNS SETOF int
+LANGUAGE sql STABLE AS $$
+  SELECT l.pid FROM pg_locks l, (SELECT {{obj:worker_key}}(p_worker) AS k) w
+   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     AND l.classid = ((w.k >> 32) & 4294967295)::oid AND l.objid = (w.k & 4294967295)::oid
+   ORDER BY l.pid
+$$;
 
 -- Gives back the leases of worker p_owner (gone: the caller checked) as a drain does.
 -- Returns the ids released.
