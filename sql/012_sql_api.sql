@@ -46,9 +46,18 @@
 
 ALTER TABLE {{table}} ALTER COLUMN tenant_id SET DEFAULT 'default';
 ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS dedup_key text;
-ALTER TABLE {{table}}
-  ADD CONSTRAINT leash_dedup_key_bytes
-  CHECK (dedup_key IS NULL OR octet_length(dedup_key) BETWEEN 1 AND 512);
+-- Guarded (ADD CONSTRAINT has no IF NOT EXISTS): a schema taken back by hand to before 010
+-- (tests/integration/badinput.sh) keeps this column and its constraint.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                  WHERE conrelid = {{table_literal}}::regclass
+                    AND conname = 'leash_dedup_key_bytes') THEN
+    ALTER TABLE {{table}}
+      ADD CONSTRAINT leash_dedup_key_bytes
+      CHECK (dedup_key IS NULL OR octet_length(dedup_key) BETWEEN 1 AND 512);
+  END IF;
+END $$;
 CREATE UNIQUE INDEX IF NOT EXISTS {{name:dedup_idx}}
   ON {{table}} (tenant_id, dedup_key)
   WHERE dedup_key IS NOT NULL AND status IN ('pending', 'leased');

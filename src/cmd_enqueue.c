@@ -65,9 +65,9 @@ struct defaults {
    (the task's JSON object) and run_after (a typed timestamp or NULL). The id is drawn first
    so a default shard can name it; ids follow line order. A line's field beats the flag ($1
    tenant, $2 shard, $3 run-after, $4 delay, $5 max-attempts, $6 batch, $8 max-crashes,
-   $9 priority, $10 dedup key; $7 the table); what both leave out gets the insert's defaults. A line's
-   priority went through numeric: the check takes any whole number (1e2, 3.0), int's input
-   does not. */
+   $9 priority, $10 dedup key; $7 the table); what both leave out gets the insert's
+   defaults. A line's priority went through numeric: the check takes any whole number (1e2,
+   3.0), int's input does not. */
 static const char rows_fmt[] =
   "SELECT v.id, coalesce(v.doc->>'tenant_id', $1) AS tenant_id, "
   "       coalesce(v.doc->>'shard_key', $2) AS shard_key, v.doc->'payload' AS payload, "
