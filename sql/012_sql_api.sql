@@ -293,6 +293,10 @@ BEGIN
   )
   SELECT count(*) FILTER (WHERE was = 'pending'), count(*) FILTER (WHERE was = 'leased')
     INTO pending, leased FROM u;
+  -- A lane handed over has a new head: wake idle workers rather than wait for their poll.
+  IF pending + leased > 0 THEN
+    PERFORM pg_notify('leash_' || {{table_literal}}::regclass::oid::text, '');
+  END IF;
 END $$;
 
 -- The worker-presence lock of worker p_worker: one-key advisory space, tagged.

@@ -207,7 +207,8 @@ case_dedup_key_returns_the_live_task_and_frees_the_key_once_it_finished() {
 
 # Twelve processes enqueue one key at once: CLI single form, CLI files, the function and the
 # bulk function. They are all held in flight (a session holds the table in EXCLUSIVE mode, so
-# the first insert waits and the others wait behind the key's lock), then let go together.
+# the first insert waits and the others wait behind the key's lock), then let go together
+# (the holder commits once the test has seen all twelve waiting and inserted its `go` row).
 # Without the lock-then-look, they would all pass the look and all but one fail on the index.
 case_concurrent_enqueues_of_one_key_from_many_processes_make_one_row() {
   sqlapi_setup
@@ -220,9 +221,7 @@ LOCK TABLE $QT IN EXCLUSIVE MODE;
 DO \$\$
 BEGIN
   FOR i IN 1..1200 LOOP   -- at most 60 s
-    EXIT WHEN (SELECT count(*) FROM pg_locks
-                WHERE NOT granted
-                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) >= 12;
+    EXIT WHEN EXISTS (SELECT 1 FROM go WHERE x = $round);   -- the test's word: let go
     PERFORM pg_sleep(0.05);
   END LOOP;
 END \$\$;
@@ -254,6 +253,7 @@ SQL
     done
     for i in "${!pids[@]}"; do t_on_exit t_kill "${pids[$i]}"; done
     wait_for "all twelve enqueuers in flight (waiting on a lock)" 60 twelve_waiting
+    q "insert into go values ($round)" >/dev/null
     wait "$holder" || fail "the lock holder failed: $(cat "$T_TMP/holder.log")"
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" || fail "enqueuer $((i + 1)) failed: $(cat "$T_TMP/err.$((i + 1))")"
@@ -273,6 +273,8 @@ SQL
 
 # twelve_waiting: true once twelve sessions of this database wait for a lock (shows them).
 twelve_waiting() {
+  q "select pid || ' ' || coalesce(wait_event_type, '-') || ' ' || left(query, 60) from pg_stat_activity
+      where datname = current_database() and pid <> pg_backend_pid()"
   q "select locktype || ' ' || mode || ' ' || pid from pg_locks where not granted
         and database = (select oid from pg_database where datname = current_database())"
   q_true "select count(*) >= 12 from pg_locks where not granted
