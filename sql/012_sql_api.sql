@@ -182,7 +182,6 @@ DECLARE
   e jsonb;
   n int := 0;
   bad text;
-  r record;
 BEGIN
   IF tasks IS NULL OR jsonb_typeof(tasks) <> 'array' THEN
     RAISE EXCEPTION 'enqueue_many: tasks must be a JSON array of objects'
@@ -242,18 +241,48 @@ BEGIN
              FROM jsonb_array_elements(tasks) AS x
             WHERE x->>'dedup_key' IS NOT NULL
             ORDER BY 1, 2 OFFSET 0) k;
-  n := 0;
-  FOR e IN SELECT x FROM jsonb_array_elements(tasks) AS x LOOP
-    n := n + 1;
-    SELECT * INTO r FROM {{obj:enqueue_row}}(
-      e->'payload', e->>'tenant_id', e->>'shard_key', (e->>'run_after')::timestamptz,
-      (e->>'delay')::float8, (e->>'max_attempts')::numeric::int, e->>'batch',
-      (e->>'priority')::numeric::int, e->>'dedup_key', (e->>'max_crashes')::numeric::int);
-    ordinal := n;
-    id := r.id;
-    inserted := r.inserted;
-    RETURN NEXT;
-  END LOOP;
+  -- One statement for the lot: ids drawn first, in element order (each element knows its id,
+  -- and a default shard can name it); one INSERT skipping keys that are live (in this
+  -- snapshot, taken after the locks) or repeated; a skipped element answers its key's first
+  -- element's new row, or the live task.
+  RETURN QUERY
+  WITH drawn AS MATERIALIZED (
+    SELECT x.o::int AS ordinal, x.e, coalesce(x.e->>'tenant_id', 'default') AS tenant,
+           x.e->>'dedup_key' AS dkey,
+           nextval(pg_get_serial_sequence({{table_literal}}, 'id')) AS nid
+      FROM jsonb_array_elements(tasks) WITH ORDINALITY AS x(e, o)
+     ORDER BY x.o
+  ), src AS MATERIALIZED (
+    SELECT d.*, row_number() OVER (PARTITION BY d.tenant, d.dkey ORDER BY d.ordinal) AS dn
+      FROM drawn d
+  ), ins AS (
+    INSERT INTO {{table}} (id, tenant_id, shard_key, payload, run_after, max_attempts, batch,
+                           max_crashes, priority, dedup_key)
+    SELECT s.nid, s.tenant, coalesce(s.e->>'shard_key', 'task:' || s.nid), s.e->'payload',
+           coalesce((s.e->>'run_after')::timestamptz,
+                    now() + make_interval(secs => coalesce((s.e->>'delay')::float8, 0))),
+           coalesce((s.e->>'max_attempts')::numeric::int, 8), s.e->>'batch',
+           coalesce((s.e->>'max_crashes')::numeric::int, 3),
+           coalesce((s.e->>'priority')::numeric::int, 0), s.dkey
+      FROM src s
+     WHERE s.dkey IS NULL
+        OR (s.dn = 1 AND NOT EXISTS (SELECT 1 FROM {{table}} o
+                                      WHERE o.tenant_id = s.tenant AND o.dedup_key = s.dkey
+                                        AND o.status IN ('pending', 'leased')))
+     ORDER BY s.ordinal
+    RETURNING {{table}}.id
+  )
+  SELECT s.ordinal, coalesce(i.id, f.id,
+                             (SELECT o.id FROM {{table}} o
+                               WHERE o.tenant_id = s.tenant AND o.dedup_key = s.dkey
+                                 AND o.status IN ('pending', 'leased'))),
+         i.id IS NOT NULL
+    FROM src s
+    LEFT JOIN ins i ON i.id = s.nid
+    LEFT JOIN (SELECT s1.tenant, s1.dkey, i1.id FROM src s1 JOIN ins i1 ON i1.id = s1.nid
+                WHERE s1.dkey IS NOT NULL) f
+           ON i.id IS NULL AND f.tenant = s.tenant AND f.dkey = s.dkey
+   ORDER BY s.ordinal;
 END $$;
 
 -- ---------------------------------------------------------------- cancel, release
