@@ -42,7 +42,10 @@
 -- advisory lock on its worker id (<table>_worker_here); <table>_worker_sessions names the
 -- sessions holding it (pg_locks, readable by any role, unlike other roles' rows of
 -- pg_stat_activity). No session: the worker is gone, or cut off from the database for
--- longer than its connection lasts, which is when its leases cannot be renewed either.
+-- longer than its connection lasts, which is when its leases cannot be renewed either. The
+-- check and the release are one: the release takes the lock exclusively (try-only) for its
+-- transaction, so a worker that reconnects meanwhile waits until its leases are given back,
+-- and one that holds it makes the release refuse (SQLSTATE 55P03) unless forced.
 
 ALTER TABLE {{table}} ALTER COLUMN tenant_id SET DEFAULT 'default';
 ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS dedup_key text;
@@ -354,15 +357,19 @@ LANGUAGE sql STABLE AS $$
    ORDER BY l.pid
 $$;
 
--- Gives back the leases of worker p_owner (gone: the caller checked) as a drain does.
--- Returns the ids released.
-CREATE FUNCTION {{obj:release_worker}}(p_owner text)
+-- Gives back the leases of worker p_owner as a drain does, refused while the worker has a
+-- live session unless p_force (see the top). Returns the ids released.
+CREATE FUNCTION {{obj:release_worker}}(p_owner text, p_force boolean DEFAULT false)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 SET leash.internal = 'on'
 AS $$
 #variable_conflict use_column
 BEGIN
+  IF NOT pg_try_advisory_xact_lock({{obj:worker_key}}(p_owner)) AND NOT p_force THEN
+    RAISE EXCEPTION 'release: worker % has a live session', p_owner
+      USING ERRCODE = 'lock_not_available';
+  END IF;
   RETURN QUERY
   UPDATE {{table}} q
      SET status = 'pending', locked_until = NULL, attempts = greatest(q.attempts - 1, 0),

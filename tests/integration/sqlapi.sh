@@ -317,6 +317,10 @@ case_cancel_of_pending_tasks_by_id_batch_and_tenant_hands_each_lane_over() {
     eval "expect_exit 2 \"\$LEASH\" cancel $args"
     assert_eq "cancel $args: one line and the hint" "$(wc -l <"$T_ERR")" 2
   done
+  assert_contains "the SQL function wants one scope" \
+    "$(q_err "select * from ${QT}_cancel(NULL, NULL, NULL)")" "cancel: give exactly one of ids, batch, tenant"
+  assert_contains "and not two" \
+    "$(q_err "select * from ${QT}_cancel('{1}', 'b', NULL)")" "cancel: give exactly one of ids, batch, tenant"
   assert_eq "pending after the bad calls" "$(q "select count(*) from $QT where status = 'pending'")" 1
 }
 
@@ -368,6 +372,9 @@ case_release_refuses_a_live_worker_and_gives_back_a_gone_workers_leases() {
   expect_exit 1 "$LEASH" release --worker W
   assert_eq "refused in one line" "$(wc -l <"$T_ERR")" 1
   assert_contains "refused" "$(<"$T_ERR")" "leash release: that worker is alive (database session pid"
+  # The function checks by itself too (under the lock a reconnecting worker waits for).
+  assert_contains "the SQL function refuses as well" \
+    "$(q_err "select ${QT}_release_worker('W')")" "release: worker W has a live session"
   assert_eq "the lease is untouched" "$(q "select status || '|' || lease_owner from $QT where id = $id")" "leased|W"
   # Another worker id has no session: nothing to release.
   expect_exit 0 "$LEASH" release --worker W2
