@@ -358,10 +358,12 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Gives back the leases of worker p_owner as a drain does, refused while the worker has a
--- live session unless p_force (see the top). Returns the ids released.
+-- live session unless p_force (see the top). Returns the ids released. The leases are found
+-- through one_lease_per_shard (leased rows only), never by scanning the table.
 CREATE FUNCTION {{obj:release_worker}}(p_owner text, p_force boolean DEFAULT false)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
+SET enable_seqscan = off
 SET leash.internal = 'on'
 AS $$
 #variable_conflict use_column
