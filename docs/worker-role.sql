@@ -9,7 +9,12 @@ GRANT SELECT, INSERT, DELETE ON agent_work_queue_steps TO leash_worker;  -- leas
 GRANT SELECT ON agent_work_queue_migrations TO leash_worker;             -- schema version check
 GRANT SELECT ON agent_work_queue_tenants TO leash_worker;                -- the claim's weights
 GRANT USAGE ON SEQUENCE agent_work_queue_lease_token_seq TO leash_worker; -- a token per claim
+-- An application role that only enqueues (docs/enqueue-from-apps.md) needs SELECT, INSERT on
+-- the table and USAGE on its id sequence; <table>_enqueue and _enqueue_many run as it.
+-- `leash cancel` and `leash release` need UPDATE (granted above) and run as any of these.
 -- Functions (<table>_cycle, _cycle_rows, _claim, _settle, _reap, _reap_rows, _release,
--- _repair_heads, _lane_handover, _lane_key, _row_error and the heads triggers) are SECURITY INVOKER and
+-- _repair_heads, _lane_handover, _lane_key, _row_error, the heads triggers, and 012's
+-- _enqueue, _enqueue_many, _enqueue_check, _enqueue_row, _dedup_lock, _defaults, _cancel,
+-- _release_worker, _worker_here, _worker_sessions, _worker_key) are SECURITY INVOKER and
 -- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
 -- Whatever the scripts' own leash.db.query statements touch is granted separately.

@@ -22,8 +22,10 @@ static const char usage[] =
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
   "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
   "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
-  "max_attempts, max_crashes, priority, budget; the options below are the defaults for what a line leaves out.\n"
-  "Every line is checked before anything is written; one bad line rejects the whole file.\n\n"
+  "max_attempts, max_crashes, priority, dedup_key, budget; the options below are the defaults\n"
+  "for what a line leaves out. Every line is checked before anything is written; one bad line\n"
+  "rejects the whole file. A task whose dedup key (per tenant) a pending or leased task holds is skipped:\n"
+  "the single form prints the existing id, and the count of skipped tasks goes to stderr.\n\n"
   "options:\n"
   "  --tenant T            tenant_id (default '" LIFECYCLE_DEFAULT_TENANT "'; tenant, shard, "
   "batch <= " LIFECYCLE_STR(LIFECYCLE_MAX_TENANT_BYTES) " bytes)\n"
@@ -38,15 +40,19 @@ static const char usage[] =
   LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_CRASHES) ")\n"
   "  --priority N          higher runs first within the tenant's share (-1000 to 1000,\n"
   "                        default 0; a line's \"priority\" beats it)\n"
+  "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
+  "  --dedup-key K         single form: skip (print the existing id) while a task of the\n"
+  "                        tenant with key K is pending or leased (<= "
+  LIFECYCLE_STR(LIFECYCLE_MAX_DEDUP_KEY_BYTES) " bytes)\n"
   "  --budget NAME         the budget the task's calls use: claims skip it while that\n"
   "                        budget is paused (README \"Budgets\"; a line's \"budget\" beats it)\n"
-  "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n"
   "  --max-line-bytes SIZE refuse a line longer than SIZE (default 4MB; KB, MB, GB units)\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
-  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY, OPT_BUDGET,
+  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY, OPT_DEDUP_KEY,
+  OPT_BUDGET,
 };
 
 /* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
@@ -54,7 +60,8 @@ struct defaults {
   const char *tenant, *shard, *run_after, *delay, *max_attempts, *batch;
   const char *max_crashes;   /* $8 */
   const char *priority;      /* $9 */
-  const char *budget;        /* $10 */
+  const char *dedup_key;     /* $10 (the single form only) */
+  const char *budget;        /* $11 */
   char delay_buf[32];
 };
 
@@ -62,9 +69,9 @@ struct defaults {
    (the task's JSON object) and run_after (a typed timestamp or NULL). The id is drawn first
    so a default shard can name it; ids follow line order. A line's field beats the flag ($1
    tenant, $2 shard, $3 run-after, $4 delay, $5 max-attempts, $6 batch, $8 max-crashes,
-   $9 priority, $10 budget; $7 the table); what both leave out gets the insert's defaults. A line's
-   priority went through numeric: the check takes any whole number (1e2, 3.0), int's input
-   does not. */
+   $9 priority, $10 dedup key, $11 budget; $7 the table); what both leave out gets the insert's
+   defaults. A line's priority went through numeric: the check takes any whole number (1e2,
+   3.0), int's input does not. */
 static const char rows_fmt[] =
   "SELECT v.id, coalesce(v.doc->>'tenant_id', $1) AS tenant_id, "
   "       coalesce(v.doc->>'shard_key', $2) AS shard_key, v.doc->'payload' AS payload, "
@@ -74,24 +81,28 @@ static const char rows_fmt[] =
   "       CASE WHEN v.doc ? 'batch' THEN v.doc->>'batch' ELSE $6 END AS batch, "
   "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes, "
   "       coalesce((v.doc->>'priority')::numeric::int, $9::int) AS priority, "
-  "       CASE WHEN v.doc ? 'budget' THEN v.doc->>'budget' ELSE $10 END AS budget "
+  "       coalesce(v.doc->>'dedup_key', $10::text) AS dedup_key, "
+  "       CASE WHEN v.doc ? 'budget' THEN v.doc->>'budget' ELSE $11 END AS budget "
   "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, w.* FROM (%s) w) v";
 
-/* The INSERT for rows from `source`; malloc'd, NULL when out of memory. */
-static char *insert_sql(const struct db_table *t, const char *source)
+/* The INSERT for rows from `source` (skipping live dedup keys when dedup); malloc'd, NULL
+   when out of memory. */
+static char *insert_sql(const struct db_table *t, const char *source, int dedup)
 {
   size_t n = sizeof rows_fmt + strlen(source);
   char *rows = malloc(n);
   if (!rows)
     return NULL;
   snprintf(rows, n, rows_fmt, source);
-  char *sql = queue_insert_sql(t->qualified, rows);
+  char *sql = dedup ? queue_insert_dedup_sql(t->qualified, rows)
+                    : queue_insert_sql(t->qualified, rows);
   free(rows);
   return sql;
 }
 
 static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
                        const struct defaults *d, const char *payload);
+static char *dedup_lock_sql(PGconn *c, const struct db_table *t, const char *keys);
 static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
                         const struct defaults *d, const char *path, size_t max_line);
 static int read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len);
@@ -112,6 +123,7 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     { "max-crashes", required_argument, NULL, OPT_MAX_CRASHES },
     { "max-line-bytes", required_argument, NULL, OPT_MAX_LINE_BYTES },
     { "priority", required_argument, NULL, OPT_PRIORITY },
+    { "dedup-key", required_argument, NULL, OPT_DEDUP_KEY },
     { "budget", required_argument, NULL, OPT_BUDGET },
     { NULL, 0, NULL, 0 },
   };
@@ -151,13 +163,18 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
                                LIFECYCLE_MAX_MAX_ATTEMPTS, optarg);
       d.max_attempts = optarg;
       break;
-    case OPT_BUDGET:
-      d.budget = optarg;
-      break;
     case OPT_BATCH:
       d.batch = optarg;
       if ((rc = check_defaults(g, &d)) != EXIT_OK)
         return rc;
+      break;
+    case OPT_BUDGET:
+      d.budget = optarg;
+      if ((rc = check_defaults(g, &d)) != EXIT_OK)
+        return rc;
+      break;
+    case OPT_DEDUP_KEY:
+      d.dedup_key = optarg;
       break;
     case OPT_MAX_CRASHES:
       if (cli_parse_int(optarg, 1, LIFECYCLE_MAX_MAX_CRASHES, &n) != 0)
@@ -186,6 +203,9 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
   if ((rc = check_defaults(g, &d)) != EXIT_OK)
     return rc;
   int positional = argc - optind;
+  if (file && d.dedup_key)
+    return cli_usage_error(g, "--dedup-key is for the single form; give each line its own "
+                              "\"dedup_key\"");
   if (file && positional > 0)
     return cli_usage_error(g, "give either --file or a PAYLOAD_JSON argument, not both");
   if (!file && positional != 1)
@@ -223,28 +243,75 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   /* The payload's own text goes into the row (jsonb keeps big numbers exact). */
   size_t n = strlen(payload) + 16;
   char *doc = malloc(n);
-  char *sql = insert_sql(t, "SELECT 1 AS line, $11::jsonb AS doc, NULL::timestamptz AS run_after");
+  int dedup = d->dedup_key != NULL;
+  char *sql = insert_sql(t, "SELECT 1 AS line, $12::jsonb AS doc, NULL::timestamptz AS run_after",
+                         dedup);
+  char *lock = dedup ? dedup_lock_sql(c, t, "SELECT $1::text AS tenant_id, $2::text AS dedup_key")
+                     : NULL;
+  char *find = dedup ? queue_dedup_find_sql(t->qualified) : NULL;
   int rc = EXIT_RUNTIME;
-  if (!doc || !sql) {
-    free(doc);
-    free(sql);
-    return cli_runtime_error(g, "out of memory");
+  if (!doc || !sql || (dedup && (!lock || !find))) {
+    rc = cli_runtime_error(g, "out of memory");
+    goto out;
   }
   snprintf(doc, n, "{\"payload\":%s}", payload);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, d->max_crashes, d->priority, d->budget,
-                           doc };
+                           d->batch, t->qualified, d->max_crashes, d->priority, d->dedup_key,
+                           d->budget, doc };
+  const char *keys[] = { d->tenant, d->dedup_key };
   char err[DB_ERR_MAX];
-  PGresult *r = db_exec(c, sql, 11, params, err, sizeof err);
-  if (r) {
+  PGresult *r;
+  if (!dedup) {
+    r = db_exec(c, sql, 12, params, err, sizeof err);
+    if (!r) {
+      rc = db_data_error(g, err, 1);
+      goto out;
+    }
     printf("%s\n", PQgetvalue(r, 0, 0));
     PQclear(r);
     rc = EXIT_OK;
-  } else {
-    rc = db_data_error(g, err, 1);
+    goto out;
   }
+  /* Lock, look and insert (sql/012_sql_api.sql says why this is one row per key). */
+  if (db_command(c, "BEGIN", err, sizeof err) != 0 ||
+      !(r = db_exec(c, lock, 2, keys, err, sizeof err))) {
+    rc = cli_runtime_error(g, "%s", err);
+    goto rollback;
+  }
+  PQclear(r);
+  if (!(r = db_exec(c, sql, 12, params, err, sizeof err))) {
+    rc = db_data_error(g, err, 1);
+    goto rollback;
+  }
+  int inserted = PQntuples(r) == 1;
+  char id[32];
+  snprintf(id, sizeof id, "%s", inserted ? PQgetvalue(r, 0, 0) : "");
+  PQclear(r);
+  if (!inserted) {
+    if (!(r = db_exec(c, find, 2, keys, err, sizeof err))) {
+      rc = cli_runtime_error(g, "%s", err);
+      goto rollback;
+    }
+    snprintf(id, sizeof id, "%s", PQntuples(r) ? PQgetvalue(r, 0, 0) : "?");
+    PQclear(r);
+  }
+  if (db_command(c, "COMMIT", err, sizeof err) != 0) {
+    rc = cli_runtime_error(g, "%s", err);
+    goto out;
+  }
+  printf("%s\n", id);
+  if (!inserted)
+    fprintf(stderr, "leash enqueue: 1 skipped: task %s has this dedup key and is pending or "
+                    "leased\n", id);
+  rc = EXIT_OK;
+  goto out;
+rollback:
+  db_command(c, "ROLLBACK", err, sizeof err);
+out:
   free(doc);
   free(sql);
+  free(lock);
+  free(find);
   return rc;
 }
 
@@ -316,11 +383,6 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     goto out;
   }
 
-  sql = insert_sql(t, "SELECT * FROM pg_temp.leash_enqueue_stage ORDER BY line OFFSET 0");
-  if (!sql) {
-    rc = cli_runtime_error(g, "out of memory");
-    goto out;
-  }
   if (db_command(c, "BEGIN", err, sizeof err) != 0 ||
       db_command(c, "CREATE TEMP TABLE leash_enqueue_stage (line bigint, doc jsonb, "
                     "run_after timestamptz) ON COMMIT DROP", err, sizeof err) != 0) {
@@ -355,10 +417,40 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     goto rollback;
   }
   PQclear(r);
+  /* Lines with a dedup key take the key's lock first (a statement of its own: the insert's
+     snapshot must follow the locks), and the insert skips the live ones. */
+  r = db_exec(c, "SELECT EXISTS (SELECT 1 FROM pg_temp.leash_enqueue_stage "
+                 "WHERE doc ? 'dedup_key')", 0, NULL, err, sizeof err);
+  if (!r) {
+    rc = cli_runtime_error(g, "%s", err);
+    goto rollback;
+  }
+  int dedup = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+  PQclear(r);
+  if (dedup) {
+    char *lock = dedup_lock_sql(c, t, "SELECT coalesce(doc->>'tenant_id', $1) AS tenant_id, "
+                                      "doc->>'dedup_key' AS dedup_key "
+                                      "FROM pg_temp.leash_enqueue_stage");
+    const char *tenant[] = { d->tenant };
+    r = lock ? db_exec(c, lock, 1, tenant, err, sizeof err) : NULL;
+    if (!lock)
+      snprintf(err, sizeof err, "out of memory");
+    free(lock);
+    if (!r) {
+      rc = cli_runtime_error(g, "%s", err);
+      goto rollback;
+    }
+    PQclear(r);
+  }
+  sql = insert_sql(t, "SELECT * FROM pg_temp.leash_enqueue_stage ORDER BY line OFFSET 0", dedup);
+  if (!sql) {
+    rc = cli_runtime_error(g, "out of memory");
+    goto rollback;
+  }
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, d->max_crashes, d->priority,
+                           d->batch, t->qualified, d->max_crashes, d->priority, NULL,
                            d->budget };
-  r = db_exec(c, sql, 10, params, err, sizeof err);
+  r = db_exec(c, sql, 11, params, err, sizeof err);
   if (!r) {
     rc = db_data_error(g, err, 0);
     goto rollback;
@@ -370,6 +462,9 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
     goto out;
   }
   printf("%ld\n", inserted);
+  if (dedup)
+    fprintf(stderr, "leash enqueue: %ld skipped: their dedup key was pending or leased, or "
+                    "repeated an earlier line's\n", (long)rows - inserted);
   rc = EXIT_OK;
   /* A big batch changes the table more than autoanalyze notices in time, and a claim
      planned on statistics from before it can be slow: refresh them now (cheap, sampled).
@@ -442,6 +537,7 @@ static int check_defaults(struct cli *g, const struct defaults *d)
     { "--tenant", "tenant_id", d->tenant },
     { "--shard", "shard_key", d->shard },
     { "--batch", "batch", d->batch },
+    { "--dedup-key", "dedup_key", d->dedup_key },
     { "--budget", "budget", d->budget },
   };
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
@@ -470,4 +566,13 @@ static int db_data_error(struct cli *g, const char *err, int from_flags)
     return cli_data_error(g, "%.*s; nothing was enqueued", n, m);
   }
   return cli_runtime_error(g, "%s", err);
+}
+
+/* The dedup locks for the keys of `keys` (see queue_dedup_lock_sql); NULL when out of memory. */
+static char *dedup_lock_sql(PGconn *c, const struct db_table *t, const char *keys)
+{
+  char *fn = db_table_object(t, c, "dedup_lock", 1);
+  char *sql = fn ? queue_dedup_lock_sql(fn, keys) : NULL;
+  free(fn);
+  return sql;
 }

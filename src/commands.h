@@ -22,6 +22,8 @@ int cmd_budget(struct cli *g, int argc, char **argv);
 int cmd_pause(struct cli *g, int argc, char **argv);
 int cmd_spend(struct cli *g, int argc, char **argv);
 int cmd_resume(struct cli *g, int argc, char **argv);
+int cmd_cancel(struct cli *g, int argc, char **argv);
+int cmd_release(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */
 extern const char cli_global_help[];

@@ -16,7 +16,7 @@ static void add_escaped(struct buf *b, const char *s, size_t n);
 
 static const char *const known_keys[] = {
   "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
-  "max_crashes", "priority", "budget", NULL,
+  "max_crashes", "priority", "dedup_key", "budget", NULL,
 };
 
 enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
@@ -57,7 +57,8 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
       known |= strcmp(*k, key) == 0;
     if (!known) {
       snprintf(err, errlen, "unknown field \"%s\" (expected payload, tenant_id, shard_key, "
-               "batch, run_after, delay, max_attempts, max_crashes, priority, budget)", key);
+               "batch, run_after, delay, max_attempts, max_crashes, priority, dedup_key, budget)",
+               key);
       goto out;
     }
   }
@@ -73,10 +74,11 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
   if (check_string(json_object_get(o, "tenant_id"), "tenant_id", 0, err, errlen) ||
       check_string(json_object_get(o, "shard_key"), "shard_key", 0, err, errlen) ||
       check_string(json_object_get(o, "batch"), "batch", 1, err, errlen) ||
-      check_string(json_object_get(o, "budget"), "budget", 1, err, errlen) ||
-      check_string(json_object_get(o, "run_after"), "run_after", 0, err, errlen))
+      check_string(json_object_get(o, "run_after"), "run_after", 0, err, errlen) ||
+      check_string(json_object_get(o, "dedup_key"), "dedup_key", 0, err, errlen) ||
+      check_string(json_object_get(o, "budget"), "budget", 1, err, errlen))
     goto out;
-  static const char *const keys[] = { "tenant_id", "shard_key", "batch", "budget" };
+  static const char *const keys[] = { "tenant_id", "shard_key", "batch", "dedup_key", "budget" };
   for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
     json_t *s = json_object_get(o, keys[k]);
     if (json_is_string(s) &&
@@ -147,6 +149,7 @@ int enqueue_check_key(const char *field, const char *value, size_t len, char *er
 {
   size_t max = strcmp(field, "tenant_id") == 0   ? LIFECYCLE_MAX_TENANT_BYTES
                : strcmp(field, "shard_key") == 0 ? LIFECYCLE_MAX_SHARD_BYTES
+               : strcmp(field, "dedup_key") == 0 ? LIFECYCLE_MAX_DEDUP_KEY_BYTES
                : strcmp(field, "budget") == 0    ? LIFECYCLE_MAX_BUDGET_BYTES
                                                   : LIFECYCLE_MAX_BATCH_BYTES;
   if (len == 0) {

@@ -5,8 +5,10 @@
  * "shard_key", "batch" (strings; batch may be null), "run_after" (a timestamp string, parsed
  * by PostgreSQL), "delay" (seconds >= 0; not together with run_after), "max_attempts"
  * (integer 1..1000), "max_crashes" (integer 1..1000: crashes before quarantine) and
- * "priority" (integer -1000..1000, higher first within a tenant's share; the column's CHECK).
- * tenant_id, shard_key and batch are at most 512 bytes each (lifecycle.h), and run_after may
+ * "priority" (integer -1000..1000, higher first within a tenant's share; the column's CHECK)
+ * and "dedup_key" (a string: while a task of the tenant with this key is pending or leased,
+ * the line is skipped; sql/012_sql_api.sql).
+ * tenant_id, shard_key, batch and dedup_key are 1 to 512 bytes each (lifecycle.h); run_after may
  * not be infinite. Unknown fields and duplicate keys are errors: a typo must not silently
  * enqueue a task with defaults.
  */
@@ -33,7 +35,7 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
                                         char *err, size_t errlen);
 
 /* The same bounds for a value given another way (a command-line default): tenant_id,
-   shard_key or batch (field names the field in err) of len bytes; 0, or -1 with err. */
+   shard_key, batch or dedup_key (field names the field in err) of len bytes; 0, or -1 with err. */
 int enqueue_check_key(const char *field, const char *value, size_t len, char *err,
                       size_t errlen);
 

@@ -229,8 +229,10 @@ static int ensure_connection(struct lease *l)
   l->conn = db_connect(cfg->conninfo, "lease", HEARTBEAT_TIMEOUT_MS, err, sizeof err);
   if (l->conn && !l->q)
     l->q = queue_new(l->conn, cfg->table, cfg->worker_id, cfg->visibility);
+  /* The worker-presence lock goes with the session: `leash release` refuses while held. */
   if (l->conn && l->q && (listen = queue_listen_sql(l->conn, cfg->table, err, sizeof err)) &&
-      db_command(l->conn, listen, err, sizeof err) == 0) {
+      db_command(l->conn, listen, err, sizeof err) == 0 &&
+      queue_announce(l->q, l->conn, cfg->table, err, sizeof err) == 0) {
     free(listen);
     l->backoff = RECONNECT_MIN_S;
     atomic_store(&cfg->counters->db_up, 1);

@@ -26,6 +26,7 @@ static const struct {
   [CAUSE_QUARANTINED] = { "quarantined", 0 },
   [CAUSE_BAD_ROW] = { "bad_row", 0 },
   [CAUSE_BUDGET] = { "budget", 0 },
+  [CAUSE_CANCELLED] = { "cancelled", 0 },
 };
 
 const char *lifecycle_kind_sql(enum outcome_kind k)

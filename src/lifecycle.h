@@ -33,6 +33,8 @@
 #define LIFECYCLE_MAX_SHARD_BYTES  512
 #define LIFECYCLE_MAX_BATCH_BYTES  512
 #define LIFECYCLE_MAX_BUDGET_BYTES 200   /* sql/014_holds.sql, sql/015_budgets.sql */
+/* A dedup key (sql/012_sql_api.sql's leash_dedup_key_bytes): 1 to this many bytes. */
+#define LIFECYCLE_MAX_DEDUP_KEY_BYTES 512
 #define LIFECYCLE_MAX_MAX_ATTEMPTS 1000
 #define LIFECYCLE_MAX_MAX_CRASHES  1000
 /* Backoff for a retry that names no delay: least(CAP, BASE ^ attempts) seconds. */

@@ -27,6 +27,8 @@ static const struct command commands[] = {
   { "spend", cmd_spend, "prices per model, spend caps per tenant or batch, what was spent" },
   { "pause", cmd_pause, "claims skip a tenant, a batch or a budget's tasks until resumed" },
   { "resume", cmd_resume, "lift a pause" },
+  { "cancel", cmd_cancel, "end pending and running tasks dead (--id N, --batch B, --tenant T)" },
+  { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
   { "run", cmd_run, "run the worker host with a Lua script" },
   { "check", cmd_check, "load a Lua script as run would and report errors" },

@@ -32,6 +32,7 @@ enum outcome_cause {
   CAUSE_BAD_ROW,       /* the row could not be claimed or settled: the database's error */
   CAUSE_BUDGET,        /* it waited for a budget (paused by a provider, or empty) longer than
                           --budget-wait and gave its slot back: pending again after the wait */
+  CAUSE_CANCELLED,     /* `leash cancel` (<table>_cancel, sql/012) ended it: never an outcome of a run */
   CAUSE_COUNT
 };
 

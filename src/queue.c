@@ -489,6 +489,83 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen)
   return 0;
 }
 
+/* "SELECT ... FROM <table>_<fn>(args)": sql_tail follows the function's name. */
+static PGresult *call_fn(PGconn *c, const struct db_table *t, const char *fn,
+                         const char *head, const char *tail, int n, const char *const *params,
+                         char *err, size_t errlen)
+{
+  char *name = db_table_object(t, c, fn, 1);
+  size_t len = name ? strlen(head) + strlen(name) + strlen(tail) + 1 : 0;
+  char *sql = name ? malloc(len) : NULL;
+  if (!sql) {
+    free(name);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  snprintf(sql, len, "%s%s%s", head, name, tail);
+  PGresult *r = db_exec(c, sql, n, params, err, errlen);
+  free(sql);
+  free(name);
+  return r;
+}
+
+int queue_announce(struct queue *q, PGconn *c, const struct db_table *t, char *err,
+                   size_t errlen)
+{
+  const char *params[] = { q->owner };
+  PGresult *r = call_fn(c, t, "worker_here", "SELECT ", "($1)", 1, params, err, errlen);
+  if (!r)
+    return -1;
+  PQclear(r);
+  return 0;
+}
+
+int queue_cancel(PGconn *c, const struct db_table *t, const char *ids, const char *batch,
+                 const char *tenant, long long *pending, long long *leased, char *err,
+                 size_t errlen)
+{
+  const char *params[] = { ids, batch, tenant };
+  PGresult *r = call_fn(c, t, "cancel", "SELECT pending, leased FROM ",
+                        "($1::bigint[], $2, $3)", 3, params, err, errlen);
+  if (!r)
+    return -1;
+  *pending = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+  *leased = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+  PQclear(r);
+  return 0;
+}
+
+int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker, int force,
+                         char *pids, size_t pidslen, long long *released, char *err,
+                         size_t errlen)
+{
+  const char *params[] = { worker };
+  *released = 0;
+  PGresult *r = call_fn(c, t, "worker_sessions",
+                        "SELECT coalesce(string_agg(s::text, ', '), '') FROM ", "($1) s",
+                        1, params, err, errlen);
+  if (!r)
+    return -1;
+  snprintf(pids, pidslen, "%s", PQgetvalue(r, 0, 0));
+  PQclear(r);
+  if (*pids && !force)
+    return 0;
+  /* The function checks again, under the lock a reconnecting worker would wait for: a session
+     that appeared since is refused too (55P03). */
+  const char *args[] = { worker, force ? "true" : "false" };
+  r = call_fn(c, t, "release_worker", "SELECT count(*) FROM ", "($1, $2::boolean)", 2, args,
+              err, errlen);
+  if (!r && strcmp(db_last_sqlstate(), "55P03") == 0) {
+    snprintf(pids, pidslen, "?");
+    return 0;
+  }
+  if (!r)
+    return -1;
+  *released = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+  PQclear(r);
+  return 0;
+}
+
 char *queue_insert_sql(const char *table, const char *source)
 {
   /* The defaults of a task, applied to what the source leaves NULL: lifecycle.h's (the
@@ -508,6 +585,56 @@ char *queue_insert_sql(const char *table, const char *source)
     snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
              source);
   return sql;
+}
+
+char *queue_dedup_lock_sql(const char *lockfn, const char *keys)
+{
+  static const char fmt[] =
+    "SELECT %s(k.tenant_id, k.dedup_key) FROM ("
+    "  SELECT DISTINCT coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "') AS tenant_id, "
+    "         s.dedup_key FROM (%s) s WHERE s.dedup_key IS NOT NULL "
+    "   ORDER BY 1, 2 OFFSET 0) k";
+  size_t n = sizeof fmt + strlen(lockfn) + strlen(keys);
+  char *sql = malloc(n);
+  if (sql)
+    snprintf(sql, n, fmt, lockfn, keys);
+  return sql;
+}
+
+char *queue_insert_dedup_sql(const char *table, const char *source)
+{
+  /* The same defaults as queue_insert_sql; rows kept in id order (the ids follow the
+     input's order). The look is valid only after the keys' locks (queue_dedup_lock_sql). */
+  static const char fmt[] =
+    "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
+    "                max_crashes, priority, dedup_key, budget) "
+    "SELECT s.id, s.tenant, coalesce(s.shard_key, 'task:' || s.id), s.payload, "
+    "       coalesce(s.run_after, now()), coalesce(s.max_attempts, %d), s.batch, "
+    "       coalesce(s.max_crashes, %d), coalesce(s.priority, 0), s.dedup_key, s.budget "
+    "  FROM (SELECT w.*, coalesce(w.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "') AS tenant, "
+    "               row_number() OVER (PARTITION BY coalesce(w.tenant_id, '"
+    LIFECYCLE_DEFAULT_TENANT "'), w.dedup_key ORDER BY w.id) AS dedup_n "
+    "          FROM (%s) w) s "
+    " WHERE s.dedup_key IS NULL "
+    "    OR (s.dedup_n = 1 "
+    "        AND NOT EXISTS (SELECT 1 FROM %s o WHERE o.tenant_id = s.tenant "
+    "                           AND o.dedup_key = s.dedup_key "
+    "                           AND o.status IN (" SQL_PENDING ", " SQL_LEASED "))) "
+    " ORDER BY s.id "
+    "RETURNING id";
+  size_t n = sizeof fmt + 2 * strlen(table) + strlen(source) + 32;
+  char *sql = malloc(n);
+  if (sql)
+    snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
+             source, table);
+  return sql;
+}
+
+char *queue_dedup_find_sql(const char *table)
+{
+  return format_sql("SELECT id FROM %s WHERE tenant_id = coalesce($1, '"
+                    LIFECYCLE_DEFAULT_TENANT "') AND dedup_key = $2 "
+                    "  AND status IN (" SQL_PENDING ", " SQL_LEASED ")", table);
 }
 
 /* What a requeued row becomes: a fresh start for its attempts and its crashes (a quarantined

@@ -121,6 +121,26 @@ int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t 
    as a statement. malloc'd, or NULL with err. */
 char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
+/* Marks this process's worker id as alive on connection c for as long as that session
+   lasts (<table>_worker_here, sql/012_sql_api.sql; `leash release` refuses a live worker).
+   The lease thread calls it after each connect. 0, or -1 with err. */
+int queue_announce(struct queue *q, PGconn *c, const struct db_table *t, char *err,
+                   size_t errlen);
+
+/* `leash cancel`: the pending and leased tasks of ids (a bigint[] literal), batch or tenant
+   (exactly one non-NULL) end dead, cause cancelled (<table>_cancel). 0 with the counts, or
+   -1 with err (then db_last_sqlstate says what failed). */
+int queue_cancel(PGconn *c, const struct db_table *t, const char *ids, const char *batch,
+                 const char *tenant, long long *pending, long long *leased, char *err,
+                 size_t errlen);
+
+/* `leash release`: the live sessions of worker (their backend pids, comma-separated, in
+   pids; "" when none), then, when there are none or force is set, its leases given back
+   (<table>_release_worker): *released of them. 0, or -1 with err. */
+int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker, int force,
+                         char *pids, size_t pidslen, long long *released, char *err,
+                         size_t errlen);
+
 /* Wakes the table's idle workers (rows became runnable outside a trigger). 0 or -1. */
 int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
@@ -131,6 +151,21 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
    default
    (batch stays NULL). Returns the ids inserted. malloc'd, NULL when out of memory. */
 char *queue_insert_sql(const char *table, const char *source);
+
+/* Dedup keys (sql/012_sql_api.sql): enqueuers of one (tenant, key) serialise on
+   <table>_dedup_lock, then look, then insert, in one transaction.
+   queue_dedup_lock_sql: the locks for the keys of `keys`, a SELECT with columns tenant_id
+   (NULL: the default tenant) and dedup_key (NULL rows ignored), taken in key order so two
+   enqueuers cannot deadlock; run it as its own statement before the insert (the insert's
+   snapshot must be taken after the locks). lockfn: <table>_dedup_lock, qualified.
+   queue_insert_dedup_sql: queue_insert_sql's INSERT for a source that also has dedup_key:
+   a row whose key a pending or leased task of its tenant holds, or an earlier row of the
+   source (by id) has, is skipped. Returns the ids inserted.
+   queue_dedup_find_sql: the pending or leased task of ($1 tenant or NULL, $2 key).
+   Each malloc'd, NULL when out of memory. */
+char *queue_dedup_lock_sql(const char *lockfn, const char *keys);
+char *queue_insert_dedup_sql(const char *table, const char *source);
+char *queue_dedup_find_sql(const char *table);
 
 /* requeue: dead tasks back to pending, attempts and crashes 0, last_cause cleared, runnable
    now, lease cleared; stored steps, last_error and result kept. Only dead rows change. */

@@ -117,12 +117,35 @@ static void priority_is_a_whole_number_within_the_column_bounds(void)
   }
   static const char typo[] = "{\"payload\":1,\"priorty\":5}";
   CHECK_INT_EQ(check_line(typo, sizeof typo - 1, err, sizeof err), ENQUEUE_LINE_BAD);
-  CHECK(strstr(err, "max_crashes, priority)") != NULL);
+  CHECK(strstr(err, "max_crashes, priority, dedup_key, budget)") != NULL);
+}
+
+/* dedup_key (sql/012): a non-empty string of at most 512 bytes, or absent. */
+static void dedup_key_is_a_non_empty_string_within_its_bound(void)
+{
+  char err[256], line[1200];
+  static const char ok[] = "{\"payload\":1,\"dedup_key\":\"ticket-42\"}";
+  CHECK_INT_EQ(check_line(ok, sizeof ok - 1, err, sizeof err), ENQUEUE_LINE_OK);
+  snprintf(line, sizeof line, "{\"payload\":1,\"dedup_key\":\"%0512d\"}", 0);
+  CHECK_INT_EQ(check_line(line, strlen(line), err, sizeof err), ENQUEUE_LINE_OK);
+  snprintf(line, sizeof line, "{\"payload\":1,\"dedup_key\":\"%0513d\"}", 0);
+  CHECK_INT_EQ(check_line(line, strlen(line), err, sizeof err), ENQUEUE_LINE_BAD);
+  CHECK_STR_EQ(err, "\"dedup_key\" is 513 bytes; at most 512");
+  static const char *const bad[] = {
+    "{\"payload\":1,\"dedup_key\":\"\"}", "{\"payload\":1,\"dedup_key\":5}",
+    "{\"payload\":1,\"dedup_key\":null}", "{\"payload\":1,\"dedup_key\":[\"k\"]}", NULL,
+  };
+  for (const char *const *b = bad; *b; b++) {
+    CHECK_INT_EQ(check_line(*b, strlen(*b), err, sizeof err), ENQUEUE_LINE_BAD);
+    CHECK_STR_EQ(err, "\"dedup_key\" must be a non-empty string");
+  }
 }
 
 static const struct check_case cases[] = {
   { "priority_is_a_whole_number_within_the_column_bounds",
     priority_is_a_whole_number_within_the_column_bounds },
+  { "dedup_key_is_a_non_empty_string_within_its_bound",
+    dedup_key_is_a_non_empty_string_within_its_bound },
   { "keys_and_numbers_out_of_bounds_are_refused", keys_and_numbers_out_of_bounds_are_refused },
   { "nul_byte_after_a_token_is_refused", nul_byte_after_a_token_is_refused },
   { "copy_row_escapes_copy_specials", copy_row_escapes_copy_specials },

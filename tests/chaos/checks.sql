@@ -134,6 +134,13 @@ SELECT pg_temp.fig('  dead quarantined (poison tasks, below)',
 SELECT pg_temp.fig('  dead with attempts exhausted',
                    count(*) FILTER (WHERE status = 'dead' AND NOT coalesce(fatal, false)
                                       AND last_cause IS DISTINCT FROM 'quarantined')) FROM q;
+SELECT pg_temp.fig('  dead after a 429 or a budget wait (must be 0 with --budget)',
+                   count(*) FILTER (WHERE status = 'dead'
+                                      AND (last_cause = 'budget' OR last_error LIKE '%429%')),
+                   NOT EXISTS (SELECT 1 FROM chaos_config WHERE key = 'budget')
+                   OR count(*) FILTER (WHERE status = 'dead'
+                                         AND (last_cause = 'budget' OR last_error LIKE '%429%')) = 0)
+  FROM q;
 SELECT pg_temp.fig('pending or leased left (must be 0)',
                    count(*) FILTER (WHERE status IN ('pending', 'leased')),
                    count(*) FILTER (WHERE status IN ('pending', 'leased')) = 0) FROM q;

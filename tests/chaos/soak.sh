@@ -7,7 +7,7 @@
 #
 #   tests/chaos/soak.sh [--duration S] [--tasks N] [--procs P] [--slots M] [--seed X] [--keep]
 #                       [--workdir DIR] [--visibility S] [--heartbeat S] [--drain-max S]
-#                       [--poison N] [--hostile PERMILLE] [--blocks]
+#                       [--poison N] [--hostile PERMILLE] [--blocks] [--budget RPM]
 #
 # Defaults: 60 s, 3,000 tasks, 3 × 4, seed 1. The chaos lasts --duration; the producer
 # enqueues everything during its first 80 %; afterwards the workers drain what is left (at
@@ -27,6 +27,12 @@
 # (sql/011), with every lane still getting work all along. The driver also changes statuses by hand now and then (a pending head set
 # dead, then pending again, in two transactions), which the heads' triggers must survive.
 #
+# --budget RPM puts every LLM call under a leash budget (issue 15): the mock refuses past RPM
+# requests a minute for all clients together (429, Retry-After) instead of 5 % at random, and
+# has an outage (every request 429, Retry-After: 5) from a third of --duration for a sixth of
+# it; the budget is set to the same RPM and the tasks carry it (enqueue --budget). Then no
+# task may die of a 429 or a budget wait (checks.sql).
+#
 # Everything is its own: a throwaway cluster (scripts/pg.sh), the mock LLM
 # (scripts/mock_llm.py: 5 % 429, 5 % 500, latency 0-100 ms against a 100 ms client timeout),
 # the workers (--visibility 3 --heartbeat 1, --worker-id w<slot>-gen<n>, one log per
@@ -40,7 +46,7 @@ LEASH=${LEASH_BIN:-$SRC/build/leash}
 PGSH=$SRC/scripts/pg.sh
 
 DURATION=60 TASKS=3000 PROCS=3 SLOTS=4 SEED=1 KEEP=0 WORK="" VIS=3 HB=1 DRAIN_MAX=300
-POISON="" HOSTILE=10 BLOCKS=0
+POISON="" HOSTILE=10 BLOCKS=0 BUDGET_RPM=0
 SQL_EVERY=53          # every task n with n % 53 = 0 goes in by plain SQL INSERT
 PG_GAP_MIN=15 PG_GAP_MAX=45   # seconds between two PostgreSQL restarts
 
@@ -62,6 +68,7 @@ while (($#)); do
     --poison) POISON=${2:?}; shift ;;
     --hostile) HOSTILE=${2:?}; shift ;;
     --blocks) BLOCKS=1 ;;
+    --budget) BUDGET_RPM=${2:?}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -71,7 +78,7 @@ for v in DURATION TASKS PROCS SLOTS SEED DRAIN_MAX; do
   [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "--${v,,} wants a positive integer"
 done
 ((${#POISON})) || POISON=$((TASKS / 1500 > 2 ? TASKS / 1500 : 2))
-for v in POISON HOSTILE; do
+for v in POISON HOSTILE BUDGET_RPM; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v,,} wants a whole number"
 done
 ((HOSTILE <= 1000)) || die "--hostile is a per mille share (0-1000)"
@@ -152,7 +159,12 @@ export DATABASE_URL
 "$LEASH" migrate >/dev/null 2>"$WORK/migrate.log" || die "leash migrate failed (see $WORK/migrate.log)"
 psql_q -f "$SRC/tests/chaos/setup.sql" >/dev/null || die "setup.sql failed"
 
-python3 "$SRC/scripts/mock_llm.py" --port 0 --rate-429 0.05 --rate-500 0.05 --latency-ms 0-100 \
+MOCK_FAULTS=(--rate-429 0.05 --rate-500 0.05)
+if ((BUDGET_RPM)); then
+  MOCK_FAULTS=(--rate-500 0.05 --rpm "$BUDGET_RPM" --outage "$((DURATION / 3))+$((DURATION / 6 + 1))"
+               --outage-retry-after 5)
+fi
+python3 "$SRC/scripts/mock_llm.py" --port 0 "${MOCK_FAULTS[@]}" --latency-ms 0-100 \
   --seed "$SEED" --idle-exit $((DURATION + DRAIN_MAX + 600)) >"$WORK/mock.out" 2>"$WORK/mock.log" &
 MOCK_PID=$!
 for _ in $(seq 100); do grep -q '^PORT [0-9]' "$WORK/mock.out" 2>/dev/null && break; sleep 0.1; done
@@ -160,6 +172,10 @@ MOCK_PORT=$(sed -n '1s/^PORT //p' "$WORK/mock.out")
 [[ -n $MOCK_PORT ]] || die "the mock LLM did not start"
 psql_q -c "INSERT INTO chaos_config VALUES ('mock_url', 'http://127.0.0.1:$MOCK_PORT/v1/chat/completions')" \
   >/dev/null || die "cannot write chaos_config"
+if ((BUDGET_RPM)); then
+  psql_q -c "INSERT INTO chaos_config VALUES ('budget', 'llm')" >/dev/null || die "cannot write chaos_config"
+  "$LEASH" budget set llm --rpm "$BUDGET_RPM" >/dev/null || die "leash budget set failed"
+fi
 
 SCRIPT=$WORK/script/task.lua
 VERSION_N=1
@@ -301,7 +317,8 @@ producer() {
     ((wait_us <= 0)) || sleep "$((wait_us / 1000000)).$(printf '%06d' $((wait_us % 1000000)))"
     awk -v lo="$lo" -v hi="$hi" -v seed="$((SEED * 100003 + c))" -v every="$SQL_EVERY" \
         -v jf="$file" -v sf="$sqlf" -v poison_every="$((POISON ? TASKS / POISON : 0))" \
-        -v npoison="$POISON" -v hostile_pm="$HOSTILE" -v blocks="$BLOCKS" -v tasks="$TASKS" '
+        -v npoison="$POISON" -v hostile_pm="$HOSTILE" -v blocks="$BLOCKS" -v tasks="$TASKS" \
+        -v budget="$BUDGET_RPM" '
       BEGIN {
         srand(seed); nj = 0; ns = 0
         printf "" > jf; printf "" > sf
@@ -331,6 +348,7 @@ producer() {
             continue
           }
           extra = sprintf(", \"max_crashes\": %d", crashes)
+          if (budget) extra = extra ", \"budget\": \"llm\"
           if (rand() < 0.10) extra = extra sprintf(", \"delay\": %.2f", rand() * 3)
           if (rand() < 0.02 && hostile == "") extra = extra ", \"max_attempts\": 2"
           printf "{\"payload\": {\"n\": %d, \"via\": \"copy\", \"fatal\": %s%s}, \"tenant_id\": \"%s\", \"shard_key\": \"%s\", \"batch\": \"chaos\"%s}\n", \

@@ -10,7 +10,8 @@
 -- and the outcome names its attempt: leash.ok{attempt, worker, ...}, and the message of a
 -- retry or fatal ends with "[attempt=A worker=W]", so a late outcome would show.
 --
--- The mock's URL comes from the table chaos_config (key mock_url), read once per Lua state.
+-- The mock's URL comes from the table chaos_config (key mock_url), read once per Lua state,
+-- and so does the budget its calls use (key budget, with soak.sh --budget; none otherwise).
 --
 -- The hostile mix (payload.hostile; soak.sh --poison and --hostile) is worked off before any
 -- of that, outside the script's own pcall, so the host sees each misbehaviour as it is:
@@ -29,7 +30,7 @@ local ORIGINAL_UPPER = string.upper
 
 local VERSION = "v1"
 
-local mock_url
+local mock_url, budget
 
 local function tag(task)
   return string.format("[attempt=%d worker=%s]", task.attempt, task.worker_id)
@@ -47,7 +48,7 @@ local function llm(task)
     "INSERT INTO step_runs (task_id, name, attempt, worker) VALUES ($1, 'llm', $2, $3) RETURNING id",
     task.id, task.attempt, task.worker_id)[1].id
   local ok, resp = pcall(leash.http.request, {
-    method = "POST", url = mock_url, timeout = 0.1,
+    method = "POST", url = mock_url, timeout = 0.1, budget = budget,
     headers = { ["Content-Type"] = "application/json" },
     body = leash.json.encode({ model = "mock",
                                messages = { { role = "user", content = "chaos task " .. task.id } } }),
@@ -78,6 +79,8 @@ end
 local function handle(task)
   if not mock_url then
     mock_url = leash.db.query("SELECT value FROM chaos_config WHERE key = 'mock_url'")[1].value
+    local b = leash.db.query("SELECT value FROM chaos_config WHERE key = 'budget'")[1]
+    budget = b and b.value
   end
   local exec_id = leash.db.query(
     "INSERT INTO execs (task_id, attempt, worker, version, tenant, shard) "

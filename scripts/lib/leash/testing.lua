@@ -697,6 +697,11 @@ local BACKOFF_CAP = 3600          -- LIFECYCLE_BACKOFF_CAP_S
 local DEFAULT_MAX_ATTEMPTS = 8    -- LIFECYCLE_DEFAULT_MAX_ATTEMPTS
 testing.BACKOFF_CAP = BACKOFF_CAP
 testing.DEFAULT_MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
+-- Every cause a row's last_cause can hold, in src/lifecycle.c's order (tests/integration/
+-- sqlapi.sh checks the two agree). "cancelled" is written by `leash cancel`, never by a run.
+testing.CAUSES = { "none", "returned", "script_error", "contract", "timeout", "memory",
+                   "lease_lost", "stopping", "wedged", "crash", "quarantined", "bad_row",
+                   "budget", "cancelled" }
 
 --- The wait in seconds before the next attempt after a retry without a delay on attempt
 --- `attempts` (the row's attempts counts the one that just ran): least(3600, 2^attempts).
