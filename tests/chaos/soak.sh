@@ -348,7 +348,7 @@ producer() {
             continue
           }
           extra = sprintf(", \"max_crashes\": %d", crashes)
-          if (budget) extra = extra ", \"budget\": \"llm\"
+          if (budget) extra = extra ", \"budget\": \"llm\""
           if (rand() < 0.10) extra = extra sprintf(", \"delay\": %.2f", rand() * 3)
           if (rand() < 0.02 && hostile == "") extra = extra ", \"max_attempts\": 2"
           printf "{\"payload\": {\"n\": %d, \"via\": \"copy\", \"fatal\": %s%s}, \"tenant_id\": \"%s\", \"shard_key\": \"%s\", \"batch\": \"chaos\"%s}\n", \
