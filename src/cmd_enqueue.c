@@ -22,7 +22,8 @@ static const char usage[] =
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
   "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
   "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
-  "max_attempts, max_crashes, priority; the options below are the defaults for what a line leaves out.\n"
+  "max_attempts, max_crashes, priority, max_snoozes, backoff_base, backoff_cap; the options\n"
+  "below are the defaults for what a line leaves out.\n"
   "Every line is checked before anything is written; one bad line rejects the whole file.\n\n"
   "options:\n"
   "  --tenant T            tenant_id (default '" LIFECYCLE_DEFAULT_TENANT "'; tenant, shard, "
@@ -38,13 +39,19 @@ static const char usage[] =
   LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_CRASHES) ")\n"
   "  --priority N          higher runs first within the tenant's share (-1000 to 1000,\n"
   "                        default 0; a line's \"priority\" beats it)\n"
+  "  --max-snoozes N       snoozes (leash.snooze) before a snooze spends an attempt (0-"
+  LIFECYCLE_STR(LIFECYCLE_MAX_MAX_SNOOZES) ", default " LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_SNOOZES) ")\n"
+  "  --backoff-base B      this task's retries wait least(cap, B ^ attempts) s, jittered\n"
+  "                        (1 to 1000; default: the worker's --backoff-base)\n"
+  "  --backoff-cap S       this task's longest backoff (0 to 1d; default: the worker's)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --file F              read JSONL from F\n"
   "  --max-line-bytes N    refuse a line longer than N bytes (default 4M; k, M, G units)\n\n";
 
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
-  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY,
+  OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY, OPT_MAX_SNOOZES,
+  OPT_BACKOFF_BASE, OPT_BACKOFF_CAP,
 };
 
 /* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
@@ -52,16 +59,17 @@ struct defaults {
   const char *tenant, *shard, *run_after, *delay, *max_attempts, *batch;
   const char *max_crashes;   /* $8 */
   const char *priority;      /* $9 */
-  char delay_buf[32];
+  const char *backoff_base, *backoff_cap, *max_snoozes;   /* $10, $11, $12 */
+  char delay_buf[32], cap_buf[32];
 };
 
 /* The rows of both paths for queue_insert_sql; %s is the row source with columns line, doc
    (the task's JSON object) and run_after (a typed timestamp or NULL). The id is drawn first
    so a default shard can name it; ids follow line order. A line's field beats the flag ($1
    tenant, $2 shard, $3 run-after, $4 delay, $5 max-attempts, $6 batch, $8 max-crashes,
-   $9 priority; $7 the table); what both leave out gets the insert's defaults. A line's
-   priority went through numeric: the check takes any whole number (1e2, 3.0), int's input
-   does not. */
+   $9 priority, $10 backoff-base, $11 backoff-cap, $12 max-snoozes; $7 the table); what both
+   leave out gets the insert's defaults. A line's priority and max_snoozes went through
+   numeric: the check takes any whole number (1e2, 3.0), int's input does not. */
 static const char rows_fmt[] =
   "SELECT v.id, coalesce(v.doc->>'tenant_id', $1) AS tenant_id, "
   "       coalesce(v.doc->>'shard_key', $2) AS shard_key, v.doc->'payload' AS payload, "
@@ -70,7 +78,10 @@ static const char rows_fmt[] =
   "       coalesce((v.doc->>'max_attempts')::int, $5::int) AS max_attempts, "
   "       CASE WHEN v.doc ? 'batch' THEN v.doc->>'batch' ELSE $6 END AS batch, "
   "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes, "
-  "       coalesce((v.doc->>'priority')::numeric::int, $9::int) AS priority "
+  "       coalesce((v.doc->>'priority')::numeric::int, $9::int) AS priority, "
+  "       coalesce((v.doc->>'backoff_base')::float8, $10::float8) AS backoff_base, "
+  "       coalesce((v.doc->>'backoff_cap')::float8, $11::float8) AS backoff_cap, "
+  "       coalesce((v.doc->>'max_snoozes')::numeric::int, $12::int) AS max_snoozes "
   "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, w.* FROM (%s) w) v";
 
 /* The INSERT for rows from `source`; malloc'd, NULL when out of memory. */
@@ -108,6 +119,9 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     { "max-crashes", required_argument, NULL, OPT_MAX_CRASHES },
     { "max-line-bytes", required_argument, NULL, OPT_MAX_LINE_BYTES },
     { "priority", required_argument, NULL, OPT_PRIORITY },
+    { "max-snoozes", required_argument, NULL, OPT_MAX_SNOOZES },
+    { "backoff-base", required_argument, NULL, OPT_BACKOFF_BASE },
+    { "backoff-cap", required_argument, NULL, OPT_BACKOFF_CAP },
     { NULL, 0, NULL, 0 },
   };
   struct defaults d = { 0 };
@@ -156,6 +170,25 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
         return cli_usage_error(g, "--priority must be an integer from %d to %d, not '%s'",
                                ENQUEUE_PRIORITY_MIN, ENQUEUE_PRIORITY_MAX, optarg);
       d.priority = optarg;
+      break;
+    case OPT_MAX_SNOOZES:
+      if (cli_parse_int(optarg, 0, LIFECYCLE_MAX_MAX_SNOOZES, &n) != 0)
+        return cli_usage_error(g, "--max-snoozes must be an integer from 0 to %d, not '%s'",
+                               LIFECYCLE_MAX_MAX_SNOOZES, optarg);
+      d.max_snoozes = optarg;
+      break;
+    case OPT_BACKOFF_BASE:
+      if (enqueue_check_backoff_base(optarg) != 0)
+        return cli_usage_error(g, "--backoff-base must be a number from %g to %g, not '%s'",
+                               LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE, optarg);
+      d.backoff_base = optarg;
+      break;
+    case OPT_BACKOFF_CAP:
+      if (cli_parse_duration(optarg, &secs) != 0 || secs < 0 || secs > LIFECYCLE_MAX_BACKOFF_CAP_S)
+        return cli_usage_error(g, "--backoff-cap must be a duration from 0 to 1d (e.g. 30, 5m, "
+                               "2h), not '%s'", optarg);
+      snprintf(d.cap_buf, sizeof d.cap_buf, "%.17g", secs);
+      d.backoff_cap = d.cap_buf;
       break;
     case OPT_FILE:
       file = optarg;
@@ -209,7 +242,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   /* The payload's own text goes into the row (jsonb keeps big numbers exact). */
   size_t n = strlen(payload) + 16;
   char *doc = malloc(n);
-  char *sql = insert_sql(t, "SELECT 1 AS line, $10::jsonb AS doc, NULL::timestamptz AS run_after");
+  char *sql = insert_sql(t, "SELECT 1 AS line, $13::jsonb AS doc, NULL::timestamptz AS run_after");
   int rc = EXIT_RUNTIME;
   if (!doc || !sql) {
     free(doc);
@@ -218,9 +251,10 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   }
   snprintf(doc, n, "{\"payload\":%s}", payload);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, d->max_crashes, d->priority, doc };
+                           d->batch, t->qualified, d->max_crashes, d->priority,
+                           d->backoff_base, d->backoff_cap, d->max_snoozes, doc };
   char err[DB_ERR_MAX];
-  PGresult *r = db_exec(c, sql, 10, params, err, sizeof err);
+  PGresult *r = db_exec(c, sql, 13, params, err, sizeof err);
   if (r) {
     printf("%s\n", PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -341,8 +375,9 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   }
   PQclear(r);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
-                           d->batch, t->qualified, d->max_crashes, d->priority };
-  r = db_exec(c, sql, 9, params, err, sizeof err);
+                           d->batch, t->qualified, d->max_crashes, d->priority,
+                           d->backoff_base, d->backoff_cap, d->max_snoozes };
+  r = db_exec(c, sql, 12, params, err, sizeof err);
   if (!r) {
     rc = db_data_error(g, err, 0);
     goto rollback;

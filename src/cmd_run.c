@@ -2,10 +2,13 @@
 #include "buf.h"
 #include "commands.h"
 #include "host.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "queue.h"
 #include "script.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +41,12 @@ static const char run_usage[] =
   "                        never above --lua-memory; a larger result is a retry)\n"
   "  --lua-path DIR        another folder for require (repeatable; watched for hot swap)\n"
   "  --metrics HOST:PORT   serve /metrics (Prometheus), /healthz and /readyz\n"
+  "  --backoff-base B      a retry without a delay waits least(cap, B ^ attempts) s, then\n"
+  "                        jitter (default 2; 1 to 1000; a task's own backoff_base beats it)\n"
+  "  --backoff-cap S       the longest backoff (default 1h; 0 to 1d; a task's backoff_cap\n"
+  "                        beats it)\n"
+  "  --backoff-jitter F    the backoff d becomes d x (1 - F x random): 0.5 (default) waits\n"
+  "                        d/2 to d, 1 waits 0 to d, 0 exactly d\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h.\n\n"
   "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
   "--watchdog-grace after --task-timeout (only with one), or after its lease was lost, or\n"
@@ -58,7 +67,7 @@ enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
-  OPT_MAX_RESULT_BYTES,
+  OPT_MAX_RESULT_BYTES, OPT_BACKOFF_BASE, OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -67,6 +76,7 @@ enum {
 
 static int parse_duration_opt(struct cli *g, const char *name, const char *arg, double *out,
                               int positive);
+static int parse_number(const char *arg, double min, double max, double *out);
 
 int cmd_run(struct cli *g, int argc, char **argv)
 {
@@ -89,13 +99,17 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
     { "metrics", required_argument, NULL, OPT_METRICS },
     { "max-result-bytes", required_argument, NULL, OPT_MAX_RESULT_BYTES },
+    { "backoff-base", required_argument, NULL, OPT_BACKOFF_BASE },
+    { "backoff-cap", required_argument, NULL, OPT_BACKOFF_CAP },
+    { "backoff-jitter", required_argument, NULL, OPT_BACKOFF_JITTER },
     { NULL, 0, NULL, 0 },
   };
   long max_result = -1;
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
-    .lua_memory = 256u * 1024 * 1024,
+    .lua_memory = 256u * 1024 * 1024, .backoff_base = LIFECYCLE_BACKOFF_BASE,
+    .backoff_cap = LIFECYCLE_BACKOFF_CAP_S, .backoff_jitter = LIFECYCLE_BACKOFF_JITTER,
   };
   const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
   int ntenants = 0, opt, rc;
@@ -130,6 +144,23 @@ int cmd_run(struct cli *g, int argc, char **argv)
       if (cli_parse_int(optarg, 1, 1L << 40, &n) != 0)
         return cli_usage_error(g, "--max-result-bytes must be a number of bytes from 1");
       max_result = n;
+      break;
+    case OPT_BACKOFF_BASE:
+      if (parse_number(optarg, LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE,
+                       &cfg.backoff_base) != 0)
+        return cli_usage_error(g, "--backoff-base must be a number from %g to %g, not '%s'",
+                               LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE, optarg);
+      break;
+    case OPT_BACKOFF_CAP:
+      if (cli_parse_duration(optarg, &cfg.backoff_cap) != 0 || cfg.backoff_cap < 0 ||
+          cfg.backoff_cap > LIFECYCLE_MAX_BACKOFF_CAP_S)
+        return cli_usage_error(g, "--backoff-cap must be a duration from 0 to 1d (e.g. 30, "
+                               "5m, 2h), not '%s'", optarg);
+      break;
+    case OPT_BACKOFF_JITTER:
+      if (parse_number(optarg, 0, 1, &cfg.backoff_jitter) != 0)
+        return cli_usage_error(g, "--backoff-jitter must be a number from 0 to 1, not '%s'",
+                               optarg);
       break;
     case OPT_VISIBILITY:
       if ((rc = parse_duration_opt(g, "--visibility", optarg, &cfg.visibility, 1)) != 0)
@@ -270,5 +301,21 @@ static int parse_duration_opt(struct cli *g, const char *name, const char *arg, 
   if (cli_parse_duration(arg, out) != 0 || (positive && *out <= 0))
     return cli_usage_error(g, "%s: '%s' is not a duration%s (e.g. 30, 500ms, 5m)", name, arg,
                            positive ? " above zero" : "");
+  return 0;
+}
+
+/* A plain decimal number within [min, max]: the whole text, finite (strtod takes "nan",
+   "inf" and hex floats; none of them is a backoff). 0, or -1. */
+static int parse_number(const char *arg, double min, double max, double *out)
+{
+  char *end;
+  for (const char *p = arg; *p; p++)
+    if (!strchr("0123456789.+-eE", *p))
+      return -1;
+  errno = 0;
+  double v = strtod(arg, &end);
+  if (end == arg || *end != '\0' || errno != 0 || !isfinite(v) || v < min || v > max)
+    return -1;
+  *out = v;
   return 0;
 }
