@@ -83,7 +83,7 @@ host_run() {
     '{tenant_id: $c, shard_key: $c, payload: {}} + (if $m == "default" then {} else {max_attempts: ($m | tonumber)} end)')
   "$LEASH" enqueue --file - <<<"$line" >/dev/null || fail "enqueue of $name failed"
   qv "$name" "update agent_work_queue set attempts = $preset where shard_key = :'v'" >/dev/null
-  start_worker "$name" "$FIX/$script.lua" --tenant "$name" --poll-ms 20-50 --until-empty \
+  start_worker "$name" "$FIX/$script.lua" --tenant "$name" --poll-ms 20-50 --until-empty --backoff-jitter 0 \
     --drain-timeout 5
   for ((r = 1; r <= runs; r++)); do
     wait_for "attempt $((preset + r)) of $name to be settled" 30 q_true \
