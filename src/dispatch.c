@@ -696,7 +696,10 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
                            : applied == SETTLED_BAD_ROW   ? DEAD_BAD_ROW
                            : t->out.kind == OUTCOME_FATAL ? DEAD_FATAL
                                                           : DEAD_EXHAUSTED;
-    unsigned cause = (unsigned)t->out.cause < CAUSE_COUNT ? t->out.cause : CAUSE_NONE;
+    /* A snooze that died was one past max_snoozes: the settle wrote snooze_limit. */
+    unsigned cause = t->out.kind == OUTCOME_SNOOZE              ? CAUSE_SNOOZE_LIMIT
+                     : (unsigned)t->out.cause < CAUSE_COUNT ? t->out.cause
+                                                              : CAUSE_NONE;
     atomic_fetch_add(&d->h->stats.dead[why][cause], 1);
     log_task(LOG_INFO, d->h, t, "dead: %s", t->out.error ? t->out.error : "");
   } else if (applied == SETTLED_LATE) {

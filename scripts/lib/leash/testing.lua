@@ -310,8 +310,9 @@ local function new_fake(h)
                           message = msg ~= nil and tostring(msg) or "retry requested",
                           delay = after }, OUTCOME)
   end
-  function leash.retry(msg, delay)
-    if type(msg) == "table" and delay == nil then return retry_table(msg) end
+  function leash.retry(...)
+    local msg, delay = ...
+    if type(msg) == "table" and select("#", ...) == 1 then return retry_table(msg) end
     if delay ~= nil and type(delay) ~= "number" then
       error("bad argument #2 to 'retry' (number of seconds expected, got " .. type(delay) .. ")", 2)
     end
