@@ -36,8 +36,14 @@ ALTER TABLE {{table}}
   ADD COLUMN IF NOT EXISTS backoff_cap  float8;   -- NULL: the run's --backoff-cap
 
 -- Bounds (src/lifecycle.h LIFECYCLE_MAX_*): a base below 1 would shrink, a cap past a day
--- parks a task out of sight. New columns: nothing to set aside.
+-- parks a task out of sight. New columns: nothing to set aside. Dropped first so that the
+-- migration can run again over a table whose history was rolled back by hand (the columns
+-- are kept, IF NOT EXISTS, like 010's).
 ALTER TABLE {{table}}
+  DROP CONSTRAINT IF EXISTS leash_max_snoozes_range,
+  DROP CONSTRAINT IF EXISTS leash_snoozes_range,
+  DROP CONSTRAINT IF EXISTS leash_backoff_base_range,
+  DROP CONSTRAINT IF EXISTS leash_backoff_cap_range,
   ADD CONSTRAINT leash_max_snoozes_range CHECK (max_snoozes BETWEEN 0 AND 10000),
   ADD CONSTRAINT leash_snoozes_range CHECK (snoozes >= 0),
   ADD CONSTRAINT leash_backoff_base_range CHECK (backoff_base BETWEEN 1 AND 1000),
@@ -48,7 +54,7 @@ ALTER TABLE {{table}}
 -- PostgreSQL) long before attempts reaches max_attempts' bound for a large base. The one
 -- definition the settle uses; tests/integration/lifecycle.sh checks it against lifecycle.c's
 -- and leash.testing's.
-CREATE FUNCTION {{obj:backoff}}(p_base float8, p_cap float8, p_attempts int, p_jitter float8,
+CREATE OR REPLACE FUNCTION {{obj:backoff}}(p_base float8, p_cap float8, p_attempts int, p_jitter float8,
                                 p_u float8) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT CASE WHEN p_cap <= 0 THEN 0::float8
