@@ -109,22 +109,26 @@ case_bad_snooze_delays_are_the_scripts_error_and_spend_the_attempt() {
     "pending|0|1|snoozed|3600|3600.000"
 }
 
-# burst_waits JITTER...: 40 tasks that retry once, run by one worker with --backoff-base 20
-# (the first backoff is 20 s) and the given jitter flags; prints each task's wait
-# (run_after - finished_at, s), one a line.
+# burst_waits JITTER...: 40 tasks with max_attempts 2 run by one worker with --backoff-base
+# 8 (the first backoff is 8 s) and the given jitter flags until they are dead: attempt 1
+# retries, attempt 2 records the wait the first settle wrote (run_after - finished_at: the
+# claim leaves both) and retries again, dead. Prints the 40 waits (s), one a line. Recorded
+# by the next attempt, so a short wait (full jitter) cannot be overwritten before it is read.
 burst_waits() {
   run_setup
+  q "create table waits (task_id bigint, attempts int, wait float8)" >/dev/null
   local i
-  for ((i = 0; i < 40; i++)); do printf '{"payload":{"retry":true}}\n'; done >"$T_TMP/tasks.jsonl"
+  for ((i = 0; i < 40; i++)); do
+    printf '{"max_attempts":2,"payload":{"retry":true,"record_wait":true}}\n'
+  done >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 40
-  start_worker J "$SNOOZER" --concurrency 8 --poll-ms 10-30 --backoff-base 20 "$@"
-  wait_for "the burst's first attempts to settle" 60 q_true \
-    "select count(*) = 40 from agent_work_queue where status = 'pending' and attempts = 1"
-  kill -TERM "${W_PID[J]}"
-  assert_worker_exit J 20 0
-  q "select extract(epoch from run_after - finished_at) from agent_work_queue"
+  start_worker J "$SNOOZER" --concurrency 8 --poll-ms 10-30 --backoff-base 8 --until-empty "$@"
+  assert_worker_exit J 120 0
+  assert_eq "the burst: 40 dead after two attempts, 40 waits recorded" \
+    "$(q "select count(*) filter (where status = 'dead' and attempts = 2),
+                 (select count(*) from waits where attempts = 2) from agent_work_queue")" "40|40"
+  q "select wait from waits where attempts = 2"
 }
-
 # stats: "min max stddev distinct" of the numbers on stdin (distinct to the millisecond).
 stats() {
   awk '{ x[NR] = $1; s += $1; if (NR == 1 || $1 < lo) lo = $1; if (NR == 1 || $1 > hi) hi = $1;
@@ -133,22 +137,29 @@ stats() {
              printf "%.3f %.3f %.3f %d\n", lo, hi, sqrt(v / NR), n }'
 }
 
-# With equal jitter (the default) the waits of a burst lie in [10, 20] s and spread: a
-# uniform spread over 10 s has a standard deviation of 2.9 s; below 1.5 s, or fewer than 30
-# distinct waits out of 40, is (far) less likely than one in a million by chance. Without
-# jitter every wait is 20 s; full jitter spreads them over [0, 20].
+# With equal jitter (the default) the waits of a burst lie in [4, 8] s and spread: a uniform
+# spread over 4 s has a standard deviation of 1.15 s; below 0.6 s, or fewer than 30 distinct
+# waits (to the millisecond) out of 40, is far less likely than one in a million by chance.
+# Without jitter every wait is 8 s; full jitter spreads them over [0, 8] (sd 2.3 s).
 case_jitter_spreads_the_retry_times_of_a_burst() {
-  local lo hi sd n
-  read -r lo hi sd n < <(burst_waits | stats)
-  awk -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(lo >= 9.999 && hi <= 20.001) }' \
-    || fail "equal jitter: waits from $lo to $hi s, want within [10, 20]"
-  awk -v sd="$sd" -v n="$n" 'BEGIN { exit !(sd >= 1.5 && n >= 30) }' \
-    || fail "equal jitter: standard deviation $sd s over $n distinct waits; want >= 1.5 s and >= 30"
-  read -r lo hi sd n < <(burst_waits --backoff-jitter 0 | stats)
-  assert_eq "no jitter: every wait 20 s" "$lo $hi $n" "20.000 20.000 1"
-  read -r lo hi sd n < <(burst_waits --backoff-jitter 1 | stats)
-  awk -v lo="$lo" -v hi="$hi" -v sd="$sd" 'BEGIN { exit !(lo >= 0 && lo < 10 && hi <= 20.001 && sd >= 2.5) }' \
-    || fail "full jitter: waits from $lo to $hi s (sd $sd); want within [0, 20], some below 10, sd >= 2.5"
+  local lo hi sd n w
+  burst_waits >"$T_TMP/equal"
+  read -r lo hi sd n < <(stats <"$T_TMP/equal")
+  w=$(sort -n "$T_TMP/equal" | tr '\n' ' ')
+  awk -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(lo >= 3.999 && hi <= 8.001) }' \
+    || fail "equal jitter: waits from $lo to $hi s, want within [4, 8]: $w"
+  awk -v sd="$sd" -v n="$n" 'BEGIN { exit !(sd >= 0.6 && n >= 30) }' \
+    || fail "equal jitter: standard deviation $sd s over $n distinct waits; want >= 0.6 s and >= 30: $w"
+  local equal_sd=$sd
+  burst_waits --backoff-jitter 0 >"$T_TMP/none"
+  read -r lo hi sd n < <(stats <"$T_TMP/none")
+  assert_eq "no jitter: every wait 8 s" "$lo $hi $n" "8.000 8.000 1"
+  burst_waits --backoff-jitter 1 >"$T_TMP/full"
+  read -r lo hi sd n < <(stats <"$T_TMP/full")
+  w=$(sort -n "$T_TMP/full" | tr '\n' ' ')
+  awk -v lo="$lo" -v hi="$hi" -v sd="$sd" 'BEGIN { exit !(lo >= 0 && lo < 4 && hi <= 8.001 && sd >= 1.2) }' \
+    || fail "full jitter: waits from $lo to $hi s (sd $sd); want within [0, 8], some below 4, sd >= 1.2: $w"
+  echo "figures: 40 waits of d = 8 s: equal jitter sd $equal_sd s, full jitter sd $sd s"
 }
 
 # The run's --backoff-base/--backoff-cap, and a task's own (enqueue flags, JSONL fields)
