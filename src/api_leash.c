@@ -51,8 +51,8 @@ int api_leash_open(lua_State *L)
 {
   static const luaL_Reg funcs[] = {
     { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "snooze", l_snooze },
-    { "now", l_now },
-    { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue }, { NULL, NULL },
+    { "now", l_now }, { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue },
+    { NULL, NULL },
   };
   static const luaL_Reg db[] = { { "query", l_db_query }, { NULL, NULL } };
   static const luaL_Reg logf[] = {
