@@ -4,6 +4,8 @@
  * (<table>_backoff, the settle's defaults) and leash.testing.
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -29,6 +31,35 @@ static void backoff_is_base_to_the_attempts_capped_then_jittered(void)
   CHECK(LIFECYCLE_BACKOFF_CAP_S <= LIFECYCLE_MAX_BACKOFF_CAP_S);
 }
 
+/* Every line "base cap attempts jitter u backoff" of the file $LEASH_BACKOFF_GRID (written
+   by tests/integration/lifecycle.sh from the SQL's <table>_backoff) against
+   lifecycle_backoff, within a microsecond: C and SQL compute the same policy. Without the
+   variable (the unit run), a few lines the SQL gives are checked. */
+static void backoff_agrees_with_the_grid_the_sql_wrote(void)
+{
+  static const char builtin[] = "2 3600 5 0 0 32\n1000 86400 1000 1 0.999 86.4\n"
+                                "1.5 60 20 0.5 0.25 52.5\n1 0.5 7 0.5 0 0.5\n";
+  const char *path = getenv("LEASH_BACKOFF_GRID");
+  FILE *f = path ? fopen(path, "r") : fmemopen((void *)builtin, sizeof builtin - 1, "r");
+  CHECK(f != NULL);
+  double b, c, j, u, want;
+  int n, lines = 0, bad = 0;
+  while (fscanf(f, "%lf %lf %d %lf %lf %lf", &b, &c, &n, &j, &u, &want) == 6) {
+    double got = lifecycle_backoff(b, c, n, j, u);
+    if (fabs(got - want) > 1e-6) {
+      if (bad++ < 5)
+        fprintf(stderr, "backoff(%g, %g, %d, %g, %g): C %.6f, SQL %.6f\n", b, c, n, j, u, got,
+                want);
+    }
+    lines++;
+  }
+  fclose(f);
+  CHECK(lines >= 4);
+  CHECK_INT_EQ(bad, 0);
+  if (path)
+    printf("%d lines agree\n", lines);
+}
+
 /* The words the settle reads and writes for a snooze. */
 static void snooze_has_its_kind_and_causes(void)
 {
@@ -47,6 +78,7 @@ static const struct check_case cases[] = {
   { "backoff_is_base_to_the_attempts_capped_then_jittered",
     backoff_is_base_to_the_attempts_capped_then_jittered },
   { "snooze_has_its_kind_and_causes", snooze_has_its_kind_and_causes },
+  { "backoff_agrees_with_the_grid_the_sql_wrote", backoff_agrees_with_the_grid_the_sql_wrote },
   { NULL, NULL }
 };
 

@@ -245,8 +245,8 @@ case_snoozes_match_in_both() {
   expect_record snooze_last status=pending attempts=7 cause=snoozed wait=30.000
 }
 
-# The backoff with base, cap and jitter: the kit's testing.backoff against the SQL's
-# <table>_backoff (the function the settle calls) over a grid past every edge (base 1, cap
+# The backoff with base, cap and jitter: the kit's testing.backoff and lifecycle.c's
+# lifecycle_backoff against the SQL's <table>_backoff (the function the settle calls) over a grid past every edge (base 1, cap
 # 0, overflow of base^n), and the defaults in the header, the kit and the settle's own
 # parameter defaults.
 case_backoff_with_base_cap_and_jitter_agrees_in_all_three() {
@@ -275,6 +275,15 @@ LUA
             order by bo, co, no, jo, uo")
   assert_eq "rows compared" "$(wc -l <<<"$kit")" 1890
   assert_eq "testing.backoff against the SQL's agent_work_queue_backoff" "$kit" "$sql"
+  # and lifecycle.c's lifecycle_backoff against the same lines (tests/c/test_lifecycle.c)
+  local unit out
+  unit=$(dirname "$LEASH")/tests/test_lifecycle
+  [[ -x $unit ]] || unit=$LEASH_SRC/build/tests/test_lifecycle
+  [[ -x $unit ]] || fail "tests/test_lifecycle not built next to $LEASH"
+  printf '%s\n' "$sql" >"$T_TMP/grid"
+  out=$(LEASH_BACKOFF_GRID=$T_TMP/grid "$unit" backoff_agrees_with_the_grid_the_sql_wrote 2>&1) \
+    || fail "lifecycle_backoff disagrees with the SQL:"$'\n'"$out"
+  assert_contains "lifecycle_backoff against the SQL" "$out" "1890 lines agree"
   local h_base h_cap h_jitter settle
   h_base=$(sed -nE 's/^#define LIFECYCLE_BACKOFF_BASE +([0-9.]+).*/\1/p' "$LEASH_SRC/src/lifecycle.h")
   h_cap=$(sed -nE 's/^#define LIFECYCLE_BACKOFF_CAP_S +([0-9.]+).*/\1/p' "$LEASH_SRC/src/lifecycle.h")
