@@ -56,7 +56,7 @@ int api_env(lua_State *L);
 int api_leash_open(lua_State *L);
 
 /* [-0, +0, -] If the value at idx is an outcome made by leash.ok/retry/fatal, returns its
-   kind ("ok", "retry", "fatal") and leaves nothing on the stack; else NULL. */
+   kind ("ok", "retry", "fatal", "snooze") and leaves nothing on the stack; else NULL. */
 const char *api_outcome_kind(lua_State *L, int idx);
 
 #endif

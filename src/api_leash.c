@@ -27,6 +27,7 @@
 static int l_ok(lua_State *L);
 static int l_retry(lua_State *L);
 static int l_fatal(lua_State *L);
+static int l_snooze(lua_State *L);
 static int l_now(lua_State *L);
 static int l_sleep(lua_State *L);
 static int l_db_query(lua_State *L);
@@ -49,9 +50,9 @@ static const char outcome_key = 'O';
 int api_leash_open(lua_State *L)
 {
   static const luaL_Reg funcs[] = {
-    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "now", l_now },
-    { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue }, { "usage", api_usage },
-    { "env", api_env },
+    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "snooze", l_snooze },
+    { "now", l_now }, { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue },
+    { "usage", api_usage }, { "env", api_env },
     { NULL, NULL },
   };
   static const luaL_Reg db[] = { { "query", l_db_query }, { NULL, NULL } };
@@ -89,7 +90,7 @@ int api_leash_open(lua_State *L)
 
 const char *api_outcome_kind(lua_State *L, int idx)
 {
-  static const char *const kinds[] = { "ok", "retry", "fatal" };
+  static const char *const kinds[] = { "ok", "retry", "fatal", "snooze" };
   if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
     return NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &outcome_key);
@@ -100,7 +101,7 @@ const char *api_outcome_kind(lua_State *L, int idx)
   lua_getfield(L, idx, "kind");
   const char *k = lua_tostring(L, -1);
   const char *found = NULL;
-  for (int i = 0; i < 3 && k; i++)
+  for (int i = 0; i < (int)(sizeof kinds / sizeof *kinds) && k; i++)
     if (strcmp(k, kinds[i]) == 0)
       found = kinds[i];
   lua_pop(L, 1);
@@ -127,22 +128,31 @@ static int l_ok(lua_State *L)
   return 1;
 }
 
-/* leash.retry(msg [, delay_seconds]): a retryable error; the delay replaces the backoff.
-   A delay that is not a finite number >= 0 (a string too: an upstream's Retry-After header
-   must be converted on purpose) raises here, at the script's line. One above the backoff
-   cap is cut to the cap when the outcome is read (script.c), like a delay set by hand. */
-static int l_retry(lua_State *L)
+/* [-0, +0, v] The delay at idx as seconds: a finite number >= 0 (a string too is refused:
+   an upstream's Retry-After header must be converted on purpose), else raises at the
+   script's line naming argument `arg` (or the field `field` of a table). One above
+   LIFECYCLE_MAX_DELAY_S is cut when the outcome is read (script.c), like one set by hand. */
+static lua_Number check_delay(lua_State *L, int idx, int arg, const char *field)
 {
-  const char *msg = luaL_optstring(L, 1, "retry requested");
-  lua_Number delay = -1;
-  if (!lua_isnoneornil(L, 2)) {
-    if (lua_type(L, 2) != LUA_TNUMBER)
-      return luaL_typeerror(L, 2, "number of seconds");
-    delay = lua_tonumber(L, 2);
-    if (!(delay >= 0) || !isfinite(delay))
-      return luaL_argerror(L, 2, "delay must be a finite number of seconds >= 0");
+  if (lua_type(L, idx) != LUA_TNUMBER) {
+    if (field)
+      return luaL_error(L, "%s must be a number of seconds, not a %s", field,
+                        luaL_typename(L, idx));
+    return luaL_typeerror(L, arg, "number of seconds");
   }
-  push_outcome(L, "retry");
+  lua_Number d = lua_tonumber(L, idx);
+  if (!(d >= 0) || !isfinite(d)) {
+    if (field)
+      return luaL_error(L, "%s must be a finite number of seconds >= 0", field);
+    return luaL_argerror(L, arg, "delay must be a finite number of seconds >= 0");
+  }
+  return d;
+}
+
+/* [-0, +1, m] The outcome of a retry or a snooze: kind, message, and delay when >= 0. */
+static int push_delayed(lua_State *L, const char *kind, const char *msg, lua_Number delay)
+{
+  push_outcome(L, kind);
   lua_pushstring(L, msg);
   lua_setfield(L, -2, "message");
   if (delay >= 0) {
@@ -150,6 +160,64 @@ static int l_retry(lua_State *L)
     lua_setfield(L, -2, "delay");
   }
   return 1;
+}
+
+/* leash.retry{message = m, after = s, spend = false}: the table form. after is the delay
+   (else the backoff); spend = false makes it a snooze (leash.snooze(after, message)), which
+   needs after. Unknown fields raise: a typo must not turn a snooze into a spent attempt. */
+static int retry_table(lua_State *L)
+{
+  lua_Number delay = -1;
+  int spend = 1;
+  const char *msg = "retry requested";
+  lua_pushnil(L);
+  while (lua_next(L, 1) != 0) {
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+    if (!k || (strcmp(k, "message") != 0 && strcmp(k, "after") != 0 && strcmp(k, "spend") != 0))
+      return luaL_error(L, "leash.retry{...}: unknown field %s (expected message, after, spend)",
+                        k ? k : luaL_typename(L, -2));
+    lua_pop(L, 1);
+  }
+  if (lua_getfield(L, 1, "message") != LUA_TNIL) {
+    if (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
+      return luaL_error(L, "leash.retry{...}: message must be a string, not a %s",
+                        luaL_typename(L, -1));
+    msg = lua_tostring(L, -1);
+  }
+  if (lua_getfield(L, 1, "after") != LUA_TNIL)
+    delay = check_delay(L, -1, 0, "leash.retry{...}: after");
+  if (lua_getfield(L, 1, "spend") != LUA_TNIL) {
+    if (!lua_isboolean(L, -1))
+      return luaL_error(L, "leash.retry{...}: spend must be a boolean, not a %s",
+                        luaL_typename(L, -1));
+    spend = lua_toboolean(L, -1);
+  }
+  if (!spend && delay < 0)
+    return luaL_error(L, "leash.retry{...}: spend = false (a snooze) needs after = seconds");
+  return push_delayed(L, spend ? "retry" : "snooze", msg, delay);
+}
+
+/* leash.retry(msg [, delay_seconds]) or leash.retry{...}: a retryable error; the delay
+   replaces the backoff. A bad delay raises here, at the script's line (check_delay). */
+static int l_retry(lua_State *L)
+{
+  if (lua_type(L, 1) == LUA_TTABLE && lua_gettop(L) == 1)
+    return retry_table(L);
+  const char *msg = luaL_optstring(L, 1, "retry requested");
+  lua_Number delay = -1;
+  if (!lua_isnoneornil(L, 2))
+    delay = check_delay(L, 2, 2, NULL);
+  return push_delayed(L, "retry", msg, delay);
+}
+
+/* leash.snooze(delay_seconds [, reason]): pending again after the delay without spending
+   an attempt (bounded by the row's max_snoozes; past it, a retry: sql/013). The delay is
+   required and checked like a retry's. */
+static int l_snooze(lua_State *L)
+{
+  lua_Number delay = check_delay(L, 1, 1, NULL);
+  const char *msg = luaL_optstring(L, 2, "snoozed");
+  return push_delayed(L, "snooze", msg, delay);
 }
 
 /* leash.fatal(msg): the task goes dead at once. */

@@ -22,10 +22,11 @@ static const char usage[] =
   "       leash enqueue [OPTIONS] --file F.jsonl     (F = - reads standard input)\n\n"
   "Adds one task (prints its id) or one task per line (prints the count). A line is an\n"
   "object with \"payload\" and optional tenant_id, shard_key, batch, run_after, delay,\n"
-  "max_attempts, max_crashes, priority, dedup_key, budget; the options below are the defaults\n"
-  "for what a line leaves out. Every line is checked before anything is written; one bad line\n"
-  "rejects the whole file. A task whose dedup key (per tenant) a pending or leased task holds is skipped:\n"
-  "the single form prints the existing id, and the count of skipped tasks goes to stderr.\n\n"
+  "max_attempts, max_crashes, priority, dedup_key, budget, max_snoozes, backoff_base,\n"
+  "backoff_cap; the options below are the defaults for what a line leaves out. Every line is\n"
+  "checked before anything is written; one bad line rejects the whole file. A task whose dedup\n"
+  "key (per tenant) a pending or leased task holds is skipped: the single form prints the\n"
+  "existing id, and the count of skipped tasks goes to stderr.\n\n"
   "options:\n"
   "  --tenant T            tenant_id (default '" LIFECYCLE_DEFAULT_TENANT "'; tenant, shard, "
   "batch <= " LIFECYCLE_STR(LIFECYCLE_MAX_TENANT_BYTES) " bytes)\n"
@@ -40,6 +41,11 @@ static const char usage[] =
   LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_CRASHES) ")\n"
   "  --priority N          higher runs first within the tenant's share (-1000 to 1000,\n"
   "                        default 0; a line's \"priority\" beats it)\n"
+  "  --max-snoozes N       snoozes (leash.snooze) before a snooze spends an attempt (0-"
+  LIFECYCLE_STR(LIFECYCLE_MAX_MAX_SNOOZES) ", default " LIFECYCLE_STR(LIFECYCLE_DEFAULT_MAX_SNOOZES) ")\n"
+  "  --backoff-base B      this task's retries wait least(cap, B ^ attempts) s, jittered\n"
+  "                        (1 to 1000; default: the worker's --backoff-base)\n"
+  "  --backoff-cap S       this task's longest backoff (0 to 1d; default: the worker's)\n"
   "  --batch NAME          batch name, e.g. nightly-2026-11-29\n"
   "  --dedup-key K         single form: skip (print the existing id) while a task of the\n"
   "                        tenant with key K is pending or leased (<= "
@@ -52,7 +58,7 @@ static const char usage[] =
 enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_SHARD, OPT_DELAY, OPT_RUN_AFTER, OPT_MAX_ATTEMPTS,
   OPT_BATCH, OPT_FILE, OPT_MAX_CRASHES, OPT_MAX_LINE_BYTES, OPT_PRIORITY, OPT_DEDUP_KEY,
-  OPT_BUDGET,
+  OPT_BUDGET, OPT_MAX_SNOOZES, OPT_BACKOFF_BASE, OPT_BACKOFF_CAP,
 };
 
 /* Defaults from the flags, as text parameters ($1..$6 of insert_fmt), NULL when not given. */
@@ -62,15 +68,17 @@ struct defaults {
   const char *priority;      /* $9 */
   const char *dedup_key;     /* $10 (the single form only) */
   const char *budget;        /* $11 */
-  char delay_buf[32];
+  const char *backoff_base, *backoff_cap, *max_snoozes;   /* $12, $13, $14 */
+  char delay_buf[32], cap_buf[32];
 };
 
 /* The rows of both paths for queue_insert_sql; %s is the row source with columns line, doc
    (the task's JSON object) and run_after (a typed timestamp or NULL). The id is drawn first
    so a default shard can name it; ids follow line order. A line's field beats the flag ($1
    tenant, $2 shard, $3 run-after, $4 delay, $5 max-attempts, $6 batch, $8 max-crashes,
-   $9 priority, $10 dedup key, $11 budget; $7 the table); what both leave out gets the insert's
-   defaults. A line's priority went through numeric: the check takes any whole number (1e2,
+   $9 priority, $10 dedup key, $11 budget, $12 backoff-base, $13 backoff-cap, $14
+   max-snoozes; $7 the table); what both leave out gets the insert's defaults. A line's
+   priority and max_snoozes went through numeric: the check takes any whole number (1e2,
    3.0), int's input does not. */
 static const char rows_fmt[] =
   "SELECT v.id, coalesce(v.doc->>'tenant_id', $1) AS tenant_id, "
@@ -82,7 +90,10 @@ static const char rows_fmt[] =
   "       coalesce((v.doc->>'max_crashes')::int, $8::int) AS max_crashes, "
   "       coalesce((v.doc->>'priority')::numeric::int, $9::int) AS priority, "
   "       coalesce(v.doc->>'dedup_key', $10::text) AS dedup_key, "
-  "       CASE WHEN v.doc ? 'budget' THEN v.doc->>'budget' ELSE $11 END AS budget "
+  "       CASE WHEN v.doc ? 'budget' THEN v.doc->>'budget' ELSE $11 END AS budget, "
+  "       coalesce((v.doc->>'backoff_base')::float8, $12::float8) AS backoff_base, "
+  "       coalesce((v.doc->>'backoff_cap')::float8, $13::float8) AS backoff_cap, "
+  "       coalesce((v.doc->>'max_snoozes')::numeric::int, $14::int) AS max_snoozes "
   "  FROM (SELECT nextval(pg_get_serial_sequence($7, 'id')) AS id, w.* FROM (%s) w) v";
 
 /* The INSERT for rows from `source` (skipping live dedup keys when dedup); malloc'd, NULL
@@ -125,6 +136,9 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
     { "priority", required_argument, NULL, OPT_PRIORITY },
     { "dedup-key", required_argument, NULL, OPT_DEDUP_KEY },
     { "budget", required_argument, NULL, OPT_BUDGET },
+    { "max-snoozes", required_argument, NULL, OPT_MAX_SNOOZES },
+    { "backoff-base", required_argument, NULL, OPT_BACKOFF_BASE },
+    { "backoff-cap", required_argument, NULL, OPT_BACKOFF_CAP },
     { NULL, 0, NULL, 0 },
   };
   struct defaults d = { 0 };
@@ -188,6 +202,25 @@ int cmd_enqueue(struct cli *g, int argc, char **argv)
                                ENQUEUE_PRIORITY_MIN, ENQUEUE_PRIORITY_MAX, optarg);
       d.priority = optarg;
       break;
+    case OPT_MAX_SNOOZES:
+      if (cli_parse_int(optarg, 0, LIFECYCLE_MAX_MAX_SNOOZES, &n) != 0)
+        return cli_usage_error(g, "--max-snoozes must be an integer from 0 to %d, not '%s'",
+                               LIFECYCLE_MAX_MAX_SNOOZES, optarg);
+      d.max_snoozes = optarg;
+      break;
+    case OPT_BACKOFF_BASE:
+      if (enqueue_check_backoff_base(optarg) != 0)
+        return cli_usage_error(g, "--backoff-base must be a number from %g to %g, not '%s'",
+                               LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE, optarg);
+      d.backoff_base = optarg;
+      break;
+    case OPT_BACKOFF_CAP:
+      if (cli_parse_duration(optarg, &secs) != 0 || secs < 0 || secs > LIFECYCLE_MAX_BACKOFF_CAP_S)
+        return cli_usage_error(g, "--backoff-cap must be a duration from 0 to 1d (e.g. 30, 5m, "
+                               "2h), not '%s'", optarg);
+      snprintf(d.cap_buf, sizeof d.cap_buf, "%.17g", secs);
+      d.backoff_cap = d.cap_buf;
+      break;
     case OPT_FILE:
       file = optarg;
       break;
@@ -244,7 +277,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   size_t n = strlen(payload) + 16;
   char *doc = malloc(n);
   int dedup = d->dedup_key != NULL;
-  char *sql = insert_sql(t, "SELECT 1 AS line, $12::jsonb AS doc, NULL::timestamptz AS run_after",
+  char *sql = insert_sql(t, "SELECT 1 AS line, $15::jsonb AS doc, NULL::timestamptz AS run_after",
                          dedup);
   char *lock = dedup ? dedup_lock_sql(c, t, "SELECT $1::text AS tenant_id, $2::text AS dedup_key")
                      : NULL;
@@ -257,12 +290,12 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
   snprintf(doc, n, "{\"payload\":%s}", payload);
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
                            d->batch, t->qualified, d->max_crashes, d->priority, d->dedup_key,
-                           d->budget, doc };
+                           d->budget, d->backoff_base, d->backoff_cap, d->max_snoozes, doc };
   const char *keys[] = { d->tenant, d->dedup_key };
   char err[DB_ERR_MAX];
   PGresult *r;
   if (!dedup) {
-    r = db_exec(c, sql, 12, params, err, sizeof err);
+    r = db_exec(c, sql, 15, params, err, sizeof err);
     if (!r) {
       rc = db_data_error(g, err, 1);
       goto out;
@@ -279,7 +312,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
     goto rollback;
   }
   PQclear(r);
-  if (!(r = db_exec(c, sql, 12, params, err, sizeof err))) {
+  if (!(r = db_exec(c, sql, 15, params, err, sizeof err))) {
     rc = db_data_error(g, err, 1);
     goto rollback;
   }
@@ -449,8 +482,8 @@ static int enqueue_file(struct cli *g, PGconn *c, const struct db_table *t,
   }
   const char *params[] = { d->tenant, d->shard, d->run_after, d->delay, d->max_attempts,
                            d->batch, t->qualified, d->max_crashes, d->priority, NULL,
-                           d->budget };
-  r = db_exec(c, sql, 11, params, err, sizeof err);
+                           d->budget, d->backoff_base, d->backoff_cap, d->max_snoozes };
+  r = db_exec(c, sql, 14, params, err, sizeof err);
   if (!r) {
     rc = db_data_error(g, err, 0);
     goto rollback;

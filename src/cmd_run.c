@@ -2,11 +2,14 @@
 #include "buf.h"
 #include "commands.h"
 #include "host.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "queue.h"
 #include "script.h"
 #include "secrets.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +54,12 @@ static const char run_usage[] =
   "  --env-allow NAME[,NAME...]  let scripts read these environment variables with\n"
   "                        leash.env (repeatable); their values (8 bytes and longer) are\n"
   "                        redacted from logs and task errors\n"
+  "  --backoff-base B      a retry without a delay waits least(cap, B ^ attempts) s, then\n"
+  "                        jitter (default 2; 1 to 1000; a task's own backoff_base beats it)\n"
+  "  --backoff-cap S       the longest backoff (default 1h; 0 to 1d; a task's backoff_cap\n"
+  "                        beats it)\n"
+  "  --backoff-jitter F    the backoff d becomes d x (1 - F x random): 0.5 (default) waits\n"
+  "                        d/2 to d, 1 waits 0 to d, 0 exactly d\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h. Sizes take KB, MB, GB\n"
   "(powers of 1024).\n\n"
   "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
@@ -75,7 +84,8 @@ enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
-  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL,
+  OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL, OPT_BACKOFF_BASE,
+  OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -86,6 +96,7 @@ static int parse_duration_opt(struct cli *g, const char *name, const char *arg, 
                               int positive);
 static int allow_env(struct cli *g, const char *list);
 static void warn_env(void);
+static int parse_number(const char *arg, double min, double max, double *out);
 
 int cmd_run(struct cli *g, int argc, char **argv)
 {
@@ -111,13 +122,17 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "max-result-bytes", required_argument, NULL, OPT_MAX_RESULT_BYTES },
     { "budget-wait", required_argument, NULL, OPT_BUDGET_WAIT },
     { "env-allow", required_argument, NULL, OPT_ENV_ALLOW },
+    { "backoff-base", required_argument, NULL, OPT_BACKOFF_BASE },
+    { "backoff-cap", required_argument, NULL, OPT_BACKOFF_CAP },
+    { "backoff-jitter", required_argument, NULL, OPT_BACKOFF_JITTER },
     { NULL, 0, NULL, 0 },
   };
   size_t max_result = 0;
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
-    .lua_memory = 256u * 1024 * 1024, .budget_wait = 30,
+    .lua_memory = 256u * 1024 * 1024, .budget_wait = 30, .backoff_base = LIFECYCLE_BACKOFF_BASE,
+    .backoff_cap = LIFECYCLE_BACKOFF_CAP_S, .backoff_jitter = LIFECYCLE_BACKOFF_JITTER,
   };
   const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
   int ntenants = 0, opt, rc;
@@ -153,6 +168,23 @@ int cmd_run(struct cli *g, int argc, char **argv)
       if (cli_parse_size_in(optarg, 1, 1, (size_t)1 << 40, &max_result) != 0)
         return cli_usage_error(g, "--max-result-bytes must be a size from 1 byte to 1024GB "
                                "(a plain number is bytes; 64KB, 16MB), not '%s'", optarg);
+      break;
+    case OPT_BACKOFF_BASE:
+      if (parse_number(optarg, LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE,
+                       &cfg.backoff_base) != 0)
+        return cli_usage_error(g, "--backoff-base must be a number from %g to %g, not '%s'",
+                               LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE, optarg);
+      break;
+    case OPT_BACKOFF_CAP:
+      if (cli_parse_duration(optarg, &cfg.backoff_cap) != 0 || cfg.backoff_cap < 0 ||
+          cfg.backoff_cap > LIFECYCLE_MAX_BACKOFF_CAP_S)
+        return cli_usage_error(g, "--backoff-cap must be a duration from 0 to 1d (e.g. 30, "
+                               "5m, 2h), not '%s'", optarg);
+      break;
+    case OPT_BACKOFF_JITTER:
+      if (parse_number(optarg, 0, 1, &cfg.backoff_jitter) != 0)
+        return cli_usage_error(g, "--backoff-jitter must be a number from 0 to 1, not '%s'",
+                               optarg);
       break;
     case OPT_VISIBILITY:
       if ((rc = parse_duration_opt(g, "--visibility", optarg, &cfg.visibility, 1)) != 0)
@@ -355,4 +387,20 @@ static void warn_env(void)
   if (secrets_list(SECRETS_SHORT, names, sizeof names) > 0)
     log_warn("--env-allow: values shorter than %d bytes are not redacted from logs and "
              "errors: %s", SECRETS_MIN_REDACT, names);
+}
+
+/* A plain decimal number within [min, max]: the whole text, finite (strtod takes "nan",
+   "inf" and hex floats; none of them is a backoff). 0, or -1. */
+static int parse_number(const char *arg, double min, double max, double *out)
+{
+  char *end;
+  for (const char *p = arg; *p; p++)
+    if (!strchr("0123456789.+-eE", *p))
+      return -1;
+  errno = 0;
+  double v = strtod(arg, &end);
+  if (end == arg || *end != '\0' || errno != 0 || !isfinite(v) || v < min || v > max)
+    return -1;
+  *out = v;
+  return 0;
 }

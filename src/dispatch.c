@@ -451,8 +451,11 @@ int dispatcher_connect(struct dispatcher *d, char *err, size_t errlen)
         return -1;   /* a bad name or no memory: no database error, nothing to wait for */
       if (migrate_check(d->conn, &h->table, err, errlen) == 0) {
         d->q = queue_new(d->conn, &h->table, h->cfg->worker_id, h->cfg->visibility);
-        if (d->q)
+        if (d->q) {
+          queue_set_backoff(d->q, h->cfg->backoff_base, h->cfg->backoff_cap,
+                            h->cfg->backoff_jitter);
           return 0;
+        }
         snprintf(err, errlen, "out of memory starting the host");
         return -1;
       }
@@ -681,8 +684,11 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
     atomic_fetch_add(&d->h->stats.done, 1);
     log_task(LOG_DEBUG, d->h, t, "done in %.3f s", t->duration);
   } else if (applied == SETTLED_PENDING) {
+    /* A snooze is counted with the retries (pending again); the log line tells them apart
+       (one past max_snoozes is a retry the settle wrote: its cause says snooze_limit). */
     atomic_fetch_add(&d->h->stats.retried, 1);
-    log_task(LOG_INFO, d->h, t, "retry: %s", t->out.error ? t->out.error : "");
+    log_task(LOG_INFO, d->h, t, "%s: %s", t->out.kind == OUTCOME_SNOOZE ? "snooze" : "retry",
+             t->out.error ? t->out.error : "");
   } else if (applied >= SETTLED_DEAD) {
     /* The database decides: a retry with no attempt left was written dead, a crash cause
        that reached max_crashes quarantined, a row it could not write was set aside. */
@@ -690,7 +696,10 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
                            : applied == SETTLED_BAD_ROW   ? DEAD_BAD_ROW
                            : t->out.kind == OUTCOME_FATAL ? DEAD_FATAL
                                                           : DEAD_EXHAUSTED;
-    unsigned cause = (unsigned)t->out.cause < CAUSE_COUNT ? t->out.cause : CAUSE_NONE;
+    /* A snooze that died was one past max_snoozes: the settle wrote snooze_limit. */
+    unsigned cause = t->out.kind == OUTCOME_SNOOZE              ? CAUSE_SNOOZE_LIMIT
+                     : (unsigned)t->out.cause < CAUSE_COUNT ? t->out.cause
+                                                              : CAUSE_NONE;
     atomic_fetch_add(&d->h->stats.dead[why][cause], 1);
     log_task(LOG_INFO, d->h, t, "dead: %s", t->out.error ? t->out.error : "");
   } else if (applied == SETTLED_LATE) {

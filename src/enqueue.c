@@ -16,7 +16,8 @@ static void add_escaped(struct buf *b, const char *s, size_t n);
 
 static const char *const known_keys[] = {
   "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
-  "max_crashes", "priority", "dedup_key", "budget", NULL,
+  "max_crashes", "priority", "dedup_key", "budget", "max_snoozes", "backoff_base",
+  "backoff_cap", NULL,
 };
 
 enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run_after,
@@ -57,8 +58,8 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
       known |= strcmp(*k, key) == 0;
     if (!known) {
       snprintf(err, errlen, "unknown field \"%s\" (expected payload, tenant_id, shard_key, "
-               "batch, run_after, delay, max_attempts, max_crashes, priority, dedup_key, budget)",
-               key);
+               "batch, run_after, delay, max_attempts, max_crashes, priority, dedup_key, budget, "
+               "max_snoozes, backoff_base, backoff_cap)", key);
       goto out;
     }
   }
@@ -129,6 +130,30 @@ enum enqueue_verdict enqueue_check_line(const char *line, size_t len, char **run
                ENQUEUE_PRIORITY_MIN, ENQUEUE_PRIORITY_MAX);
       goto out;
     }
+  }
+  json_t *ms = json_object_get(o, "max_snoozes");
+  if (ms) {
+    double d = json_number_value(ms);
+    if (!json_is_number(ms) || d < 0 || d > LIFECYCLE_MAX_MAX_SNOOZES || d != floor(d)) {
+      snprintf(err, errlen, "\"max_snoozes\" must be an integer from 0 to %d",
+               LIFECYCLE_MAX_MAX_SNOOZES);
+      goto out;
+    }
+  }
+  /* jansson has no NaN or inf to give (JSON has none), so a number's bounds are the check. */
+  json_t *bb = json_object_get(o, "backoff_base");
+  if (bb && (!json_is_number(bb) || !(json_number_value(bb) >= LIFECYCLE_MIN_BACKOFF_BASE) ||
+             !(json_number_value(bb) <= LIFECYCLE_MAX_BACKOFF_BASE))) {
+    snprintf(err, errlen, "\"backoff_base\" must be a number from %g to %g",
+             LIFECYCLE_MIN_BACKOFF_BASE, LIFECYCLE_MAX_BACKOFF_BASE);
+    goto out;
+  }
+  json_t *bc = json_object_get(o, "backoff_cap");
+  if (bc && (!json_is_number(bc) || !(json_number_value(bc) >= 0) ||
+             !(json_number_value(bc) <= LIFECYCLE_MAX_BACKOFF_CAP_S))) {
+    snprintf(err, errlen, "\"backoff_cap\" must be a number of seconds from 0 to %g",
+             LIFECYCLE_MAX_BACKOFF_CAP_S);
+    goto out;
   }
   json_t *ra = json_object_get(o, "run_after");
   if (ra) {
@@ -227,4 +252,15 @@ static void add_escaped(struct buf *b, const char *s, size_t n)
     start = i + 1;
   }
   buf_add(b, s + start, n - start);
+}
+
+int enqueue_check_backoff_base(const char *value)
+{
+  /* Digits, sign, point and exponent only: strtod would also take "nan", "inf" and hex. */
+  if (!*value || strspn(value, "0123456789.+-eE") != strlen(value))
+    return -1;
+  char *end;
+  double v = strtod(value, &end);
+  return *end == '\0' && isfinite(v) && v >= LIFECYCLE_MIN_BACKOFF_BASE &&
+         v <= LIFECYCLE_MAX_BACKOFF_BASE ? 0 : -1;
 }

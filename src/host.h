@@ -28,6 +28,7 @@ struct host_config {
   const char *worker_id;
   int concurrency;
   double visibility;            /* lease length, seconds */
+  double backoff_base, backoff_cap, backoff_jitter;   /* a retry's backoff (lifecycle.h) */
   double heartbeat;             /* renewal interval, seconds */
   double task_timeout;          /* 0 = none */
   double drain_timeout;

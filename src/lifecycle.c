@@ -7,6 +7,7 @@ static const char *const kind_sql[OUTCOME_KINDS] = {
   [OUTCOME_SUCCESS] = STATUS_DONE,
   [OUTCOME_RETRY] = "retry",
   [OUTCOME_FATAL] = STATUS_DEAD,
+  [OUTCOME_SNOOZE] = "snooze",
 };
 
 static const struct {
@@ -27,6 +28,8 @@ static const struct {
   [CAUSE_BAD_ROW] = { "bad_row", 0 },
   [CAUSE_BUDGET] = { "budget", 0 },
   [CAUSE_CANCELLED] = { "cancelled", 0 },
+  [CAUSE_SNOOZED] = { "snoozed", 0 },
+  [CAUSE_SNOOZE_LIMIT] = { "snooze_limit", 0 },
 };
 
 const char *lifecycle_kind_sql(enum outcome_kind k)
@@ -44,8 +47,12 @@ int lifecycle_cause_is_crash(enum outcome_cause c)
   return (unsigned)c < CAUSE_COUNT && causes[c].crash;
 }
 
-double lifecycle_backoff(int attempts)
+double lifecycle_backoff(double base, double cap, int attempts, double jitter, double u)
 {
-  double d = pow(LIFECYCLE_BACKOFF_BASE, attempts);
-  return d < LIFECYCLE_BACKOFF_CAP_S ? d : LIFECYCLE_BACKOFF_CAP_S;
+  /* The SQL compares logarithms (its power() raises on overflow); pow's inf compares the
+     same way here. */
+  double d = cap <= 0 ? 0 : pow(base, attempts);
+  if (d > cap)
+    d = cap;
+  return d * (1 - jitter * u);
 }

@@ -37,11 +37,27 @@
 #define LIFECYCLE_MAX_DEDUP_KEY_BYTES 512
 #define LIFECYCLE_MAX_MAX_ATTEMPTS 1000
 #define LIFECYCLE_MAX_MAX_CRASHES  1000
-/* Backoff for a retry that names no delay: least(CAP, BASE ^ attempts) seconds. */
+/* Backoff for a retry that names no delay: d = least(CAP, BASE ^ attempts) seconds, then
+   jitter: d x (1 - JITTER x u), u uniform in [0, 1). JITTER 0.5 is "equal jitter" (a wait
+   in [d/2, d]), 1 "full jitter", 0 none. These are the defaults of `leash run --backoff-base
+   --backoff-cap --backoff-jitter` and of the settle's parameters (sql/013_snooze.sql); a row's
+   backoff_base and backoff_cap (set at enqueue) beat the run's. */
 #define LIFECYCLE_BACKOFF_BASE 2.0
 #define LIFECYCLE_BACKOFF_CAP_S 3600.0
+#define LIFECYCLE_BACKOFF_JITTER 0.5
+/* Bounds of the above (the columns' CHECKs in 013 say the same for base and cap). */
+#define LIFECYCLE_MIN_BACKOFF_BASE 1.0
+#define LIFECYCLE_MAX_BACKOFF_BASE 1000.0
+#define LIFECYCLE_MAX_BACKOFF_CAP_S 86400.0
+/* A delay the script names (leash.retry's, leash.snooze's, an upstream's Retry-After) is cut
+   to this: no row waits longer on a script's word. Never jittered. */
+#define LIFECYCLE_MAX_DELAY_S 3600.0
+/* Snoozes a task may take before a snooze spends an attempt (the column max_snoozes's
+   default; bounds 0..LIFECYCLE_MAX_MAX_SNOOZES, its CHECK). */
+#define LIFECYCLE_DEFAULT_MAX_SNOOZES 100
+#define LIFECYCLE_MAX_MAX_SNOOZES 10000
 
-/* The kind's word in the settle's kinds[] ("done", "retry", "dead"). */
+/* The kind's word in the settle's kinds[] ("done", "retry", "dead", "snooze"). */
 const char *lifecycle_kind_sql(enum outcome_kind k);
 
 /* The cause's name in last_cause, logs and metric labels ("script_error", "timeout", ...). */
@@ -51,7 +67,8 @@ const char *lifecycle_cause_name(enum outcome_cause c);
    they add to the row's crash count, and max_crashes of them quarantine it. */
 int lifecycle_cause_is_crash(enum outcome_cause c);
 
-/* The backoff in seconds after the given number of attempts (a retry without a delay). */
-double lifecycle_backoff(int attempts);
+/* The backoff in seconds after the given number of attempts (a retry without a delay) with
+   base, cap and jitter as above and u in [0, 1): the settle's <table>_backoff (013). */
+double lifecycle_backoff(double base, double cap, int attempts, double jitter, double u);
 
 #endif

@@ -12,6 +12,8 @@ enum outcome_kind {
   OUTCOME_SUCCESS,   /* done, with an optional result */
   OUTCOME_RETRY,     /* pending again after a delay, or dead when attempts are exhausted */
   OUTCOME_FATAL,     /* dead now */
+  OUTCOME_SNOOZE,    /* pending again after delay, the attempt given back; a retry once the
+                        row's snoozes reach max_snoozes (leash.snooze) */
   OUTCOME_KINDS
 };
 
@@ -31,8 +33,10 @@ enum outcome_cause {
   CAUSE_QUARANTINED,   /* crashed max_crashes times: dead, never claimed again unless requeued */
   CAUSE_BAD_ROW,       /* the row could not be claimed or settled: the database's error */
   CAUSE_BUDGET,        /* it waited for a budget (paused by a provider, or empty) longer than
-                          --budget-wait and gave its slot back: pending again after the wait */
+                          --budget-wait and gave its slot back: a snooze until the wait ends */
   CAUSE_CANCELLED,     /* `leash cancel` (<table>_cancel, sql/012) ended it: never an outcome of a run */
+  CAUSE_SNOOZED,       /* handle returned leash.snooze (or leash.retry{spend = false}) */
+  CAUSE_SNOOZE_LIMIT,  /* a snooze found max_snoozes reached: a retry (written by the settle) */
   CAUSE_COUNT
 };
 
@@ -40,7 +44,7 @@ struct outcome {
   enum outcome_kind kind;
   enum outcome_cause cause;
   char *error;         /* message for retry/fatal; malloc'd, owned */
-  double delay;        /* retry delay in seconds, < 0 for the backoff policy */
+  double delay;        /* retry or snooze delay in seconds; retry: < 0 for the backoff policy */
   char *result;        /* success: JSON text or NULL; malloc'd, owned */
 };
 

@@ -21,6 +21,9 @@ struct queue {
   int ring_left;
   char visibility[32];
   double visibility_s;
+  /* The run's backoff for retries without a delay (--backoff-base/-cap/-jitter), as the
+     cycle's last three parameters; a row's own backoff_base/backoff_cap beat them (013). */
+  char backoff[3][32];
 };
 
 static char *format_sql(const char *fmt, const char *a);
@@ -59,7 +62,7 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "       status, cause, token, ring, ring_left "
     "FROM %s($1, $2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::text[], "
     "$7::jsonb[], $8::text[], $9::boolean[], $10::float8[], $11::int, $12::float8, "
-    "$13::text[], $14, $15, $16::int)";
+    "$13::text[], $14, $15, $16::int, $17::float8, $18::float8, $19::float8)";
   q->cycle_sql = format_sql(cycle_fmt, cycle);
   q->cycle_rows_sql = format_sql(cycle_fmt, cycle_rows);
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::bigint[])", release);
@@ -84,6 +87,7 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "  AND ($1::text[] IS NULL OR tenant_id = ANY ($1::text[])) "
     "  AND ($2::text IS NULL OR batch = $2))", t->qualified);
   q->owner = strdup(owner);
+  queue_set_backoff(q, LIFECYCLE_BACKOFF_BASE, LIFECYCLE_BACKOFF_CAP_S, LIFECYCLE_BACKOFF_JITTER);
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
   if (!q->reap_sql || !q->release_sql || !q->heartbeat_sql || !q->open_sql || !q->owner ||
@@ -106,6 +110,14 @@ fail:
   free(release);
   queue_free(q);
   return NULL;
+}
+
+void queue_set_backoff(struct queue *q, double base, double cap, double jitter)
+{
+  /* %.17g: the value the flag gave, not a rounding of it (the agreement tests compare). */
+  snprintf(q->backoff[0], sizeof q->backoff[0], "%.17g", base);
+  snprintf(q->backoff[1], sizeof q->backoff[1], "%.17g", cap);
+  snprintf(q->backoff[2], sizeof q->backoff[2], "%.17g", jitter);
 }
 
 void queue_free(struct queue *q)
@@ -143,7 +155,7 @@ static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
     buf_printf(&a[0], "%s%lld", sep, (long long)t->id);
     buf_printf(&a[1], "%s%lld", sep, (long long)t->token);
     buf_printf(&a[2], "%s%s", sep, lifecycle_kind_sql(t->out.kind));
-    if (t->out.kind == OUTCOME_RETRY && t->out.delay >= 0)
+    if ((t->out.kind == OUTCOME_RETRY || t->out.kind == OUTCOME_SNOOZE) && t->out.delay >= 0)
       buf_printf(&a[3], "%s%.3f", sep, t->out.delay);
     else
       buf_printf(&a[3], "%sNULL", sep);
@@ -228,7 +240,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   snprintf(left, sizeof left, "%d", q->ring_left);
   const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s, a[6].s,
                            a[7].s, a[8].s, nbuf, q->visibility, s->tenants, s->batch, q->ring,
-                           left };
+                           left, q->backoff[0], q->backoff[1], q->backoff[2] };
   enum { NPARAMS = sizeof params / sizeof params[0] };
   double now = task_now();
   PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, NPARAMS, params, err, errlen);
@@ -572,18 +584,19 @@ char *queue_insert_sql(const char *table, const char *source)
      table's column defaults say the same for inserts that bypass leash). */
   static const char fmt[] =
     "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
-    "                max_crashes, priority, budget) "
+    "                max_crashes, priority, budget, backoff_base, backoff_cap, max_snoozes) "
     "SELECT s.id, coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "'), "
     "       coalesce(s.shard_key, 'task:' || s.id), s.payload, coalesce(s.run_after, now()), "
     "       coalesce(s.max_attempts, %d), s.batch, coalesce(s.max_crashes, %d), "
-    "       coalesce(s.priority, 0), s.budget "
+    "       coalesce(s.priority, 0), s.budget, s.backoff_base, s.backoff_cap, "
+    "       coalesce(s.max_snoozes, %d) "
     "  FROM (%s) s "
     "RETURNING id";
-  size_t n = sizeof fmt + strlen(table) + strlen(source) + 32;
+  size_t n = sizeof fmt + strlen(table) + strlen(source) + 48;
   char *sql = malloc(n);
   if (sql)
     snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
-             source);
+             LIFECYCLE_DEFAULT_MAX_SNOOZES, source);
   return sql;
 }
 
@@ -607,10 +620,12 @@ char *queue_insert_dedup_sql(const char *table, const char *source)
      input's order). The look is valid only after the keys' locks (queue_dedup_lock_sql). */
   static const char fmt[] =
     "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
-    "                max_crashes, priority, dedup_key, budget) "
+    "                max_crashes, priority, dedup_key, budget, backoff_base, backoff_cap, "
+    "                max_snoozes) "
     "SELECT s.id, s.tenant, coalesce(s.shard_key, 'task:' || s.id), s.payload, "
     "       coalesce(s.run_after, now()), coalesce(s.max_attempts, %d), s.batch, "
-    "       coalesce(s.max_crashes, %d), coalesce(s.priority, 0), s.dedup_key, s.budget "
+    "       coalesce(s.max_crashes, %d), coalesce(s.priority, 0), s.dedup_key, s.budget, "
+    "       s.backoff_base, s.backoff_cap, coalesce(s.max_snoozes, %d) "
     "  FROM (SELECT w.*, coalesce(w.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "') AS tenant, "
     "               row_number() OVER (PARTITION BY coalesce(w.tenant_id, '"
     LIFECYCLE_DEFAULT_TENANT "'), w.dedup_key ORDER BY w.id) AS dedup_n "
@@ -622,11 +637,11 @@ char *queue_insert_dedup_sql(const char *table, const char *source)
     "                           AND o.status IN (" SQL_PENDING ", " SQL_LEASED "))) "
     " ORDER BY s.id "
     "RETURNING id";
-  size_t n = sizeof fmt + 2 * strlen(table) + strlen(source) + 32;
+  size_t n = sizeof fmt + 2 * strlen(table) + strlen(source) + 48;
   char *sql = malloc(n);
   if (sql)
     snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
-             source, table);
+             LIFECYCLE_DEFAULT_MAX_SNOOZES, source, table);
   return sql;
 }
 
@@ -637,10 +652,11 @@ char *queue_dedup_find_sql(const char *table)
                     "  AND status IN (" SQL_PENDING ", " SQL_LEASED ")", table);
 }
 
-/* What a requeued row becomes: a fresh start for its attempts and its crashes (a quarantined
-   task runs again, with max_crashes more crashes allowed). */
+/* What a requeued row becomes: a fresh start for its attempts, its crashes and its snoozes
+   (a quarantined task runs again, with max_crashes more crashes allowed). */
 #define REQUEUE_SET \
-  "SET status = " SQL_PENDING ", attempts = 0, crashes = 0, last_cause = NULL, " \
+  "SET status = " SQL_PENDING ", attempts = 0, crashes = 0, snoozes = 0, snoozed_s = 0, " \
+  "    last_cause = NULL, " \
   "    run_after = now(), locked_until = NULL, updated_at = now() "
 
 int queue_requeue_dead(PGconn *c, const struct db_table *t, const char *tenant,
@@ -744,7 +760,8 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
     "       coalesce($1, p.tenant_id) AS tenant_id, $2::text AS shard_key, "
     "       $3::jsonb AS payload, now() + make_interval(secs => $4::float8) AS run_after, "
     "       $5::int AS max_attempts, CASE WHEN $6::boolean THEN $7 ELSE p.batch END AS batch, "
-    "       NULL::int AS max_crashes, NULL::int AS priority, NULL::text AS budget "
+    "       NULL::int AS max_crashes, NULL::int AS priority, NULL::text AS budget, "
+    "       NULL::float8 AS backoff_base, NULL::float8 AS backoff_cap, NULL::int AS max_snoozes "
     "  FROM %s p "
     " WHERE p.id = $9 AND p.lease_owner = $10 AND p.lease_token = $11::bigint "
     "   AND p.status = " SQL_LEASED " AND p.locked_until > now() "

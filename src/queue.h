@@ -27,6 +27,10 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
                         double visibility_s);
 void queue_free(struct queue *q);
 
+/* The run's backoff for retries without a delay (lifecycle.h's by default): base, cap (s)
+   and jitter, passed to every cycle; bounds are the caller's (cmd_run.c). */
+void queue_set_backoff(struct queue *q, double base, double cap, double jitter);
+
 /* What the fenced write of one outcome did. SETTLED_LATE: it matched nothing (the lease was
    no longer ours); else the status the row got (a retry with no attempt left is dead). */
 enum {
@@ -146,10 +150,10 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
 /* The one task INSERT: rows of `source`, a SELECT with the columns id (drawn from the
    table's sequence, so that a default shard can name it), tenant_id, shard_key, payload
-   (jsonb), run_after, max_attempts, batch, max_crashes, priority, budget; a NULL gets
-   lifecycle.h's
-   default
-   (batch stays NULL). Returns the ids inserted. malloc'd, NULL when out of memory. */
+   (jsonb), run_after, max_attempts, batch, max_crashes, priority, budget, backoff_base,
+   backoff_cap, max_snoozes; a NULL gets lifecycle.h's default (batch, budget, backoff_base
+   and backoff_cap stay NULL: the run's backoff). Returns the ids inserted. malloc'd, NULL
+   when out of memory. */
 char *queue_insert_sql(const char *table, const char *source);
 
 /* Dedup keys (sql/012_sql_api.sql): enqueuers of one (tenant, key) serialise on
@@ -167,7 +171,7 @@ char *queue_dedup_lock_sql(const char *lockfn, const char *keys);
 char *queue_insert_dedup_sql(const char *table, const char *source);
 char *queue_dedup_find_sql(const char *table);
 
-/* requeue: dead tasks back to pending, attempts and crashes 0, last_cause cleared, runnable
+/* requeue: dead tasks back to pending, attempts, crashes and snoozes 0, last_cause cleared, runnable
    now, lease cleared; stored steps, last_error and result kept. Only dead rows change. */
 
 /* Every dead task of the scope (tenant, batch: NULL for all), `chunk` rows per transaction;

@@ -236,9 +236,12 @@ void script_run(struct script *s, struct task *t)
              c.payload_refused && outer ? ": " : "", c.payload_refused && outer ? outer : "");
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
   } else if (s->ctx.stop_reason) {
-    outcome_set(&t->out, OUTCOME_RETRY, s->ctx.stop_cause, NULL, s->ctx.stop_reason);
-    if (s->ctx.stop_delay >= 0)   /* a yield (taskctx_yield) says when to run again */
-      t->out.delay = s->ctx.stop_delay;
+    /* A yield (taskctx_yield: a budget's wait) is a snooze, the attempt given back. */
+    outcome_set(&t->out, s->ctx.stop_cause == CAUSE_BUDGET ? OUTCOME_SNOOZE : OUTCOME_RETRY,
+                s->ctx.stop_cause, NULL, s->ctx.stop_reason);
+    if (s->ctx.stop_delay >= 0)   /* the yield says when to run again (capped like a delay) */
+      t->out.delay = s->ctx.stop_delay > LIFECYCLE_BACKOFF_CAP_S ? LIFECYCLE_BACKOFF_CAP_S
+                                                                 : s->ctx.stop_delay;
   } else if (c.handle_rc != LUA_OK) {
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_ERROR,
                 c.handle_rc == LUA_ERRERR ? "error while handling an error: " : NULL,
@@ -337,13 +340,18 @@ static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
       return;
     }
     /* The fields are the script's to change after leash.retry made them: read each with
-       its type checked, nothing converted. */
-    enum outcome_kind k = strcmp(kind, "retry") == 0 ? OUTCOME_RETRY : OUTCOME_FATAL;
+       its type checked, nothing converted. A snooze is a retry that gives its attempt back
+       (the settle decides whether the row has a snooze left, sql/013). */
+    enum outcome_kind k = strcmp(kind, "retry") == 0    ? OUTCOME_RETRY
+                          : strcmp(kind, "snooze") == 0 ? OUTCOME_SNOOZE
+                                                        : OUTCOME_FATAL;
     lua_getfield(L, v, "message");
-    outcome_set(o, k, CAUSE_RETURNED, NULL,
+    outcome_set(o, k, k == OUTCOME_SNOOZE ? CAUSE_SNOOZED : CAUSE_RETURNED, NULL,
                 lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : kind);
     lua_pop(L, 1);
-    if (k == OUTCOME_RETRY && lua_getfield(L, v, "delay") != LUA_TNIL) {
+    /* A snooze must name its delay; a retry may (else the backoff). */
+    if (k != OUTCOME_FATAL &&
+        (lua_getfield(L, v, "delay") != LUA_TNIL || k == OUTCOME_SNOOZE)) {
       lua_Number d = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
       if (lua_type(L, -1) != LUA_TNUMBER || !(d >= 0) || !isfinite(d)) {
         if (lua_type(L, -1) != LUA_TNUMBER)
@@ -353,20 +361,20 @@ static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
         else
           snprintf(err, sizeof err, "%g", (double)d);
         char why[640];
-        snprintf(why, sizeof why, "retry delay must be a finite number of seconds >= 0, "
-                 "not %s (message: %s)", err, o->error ? o->error : "");
+        snprintf(why, sizeof why, "%s delay must be a finite number of seconds >= 0, "
+                 "not %s (message: %s)", kind, err, o->error ? o->error : "");
         outcome_set(o, OUTCOME_RETRY, CAUSE_CONTRACT, NULL, why);
       } else {
-        /* A delay past the backoff cap is cut to it: no row waits longer than the policy
-           would make it, whatever an upstream's Retry-After said. */
-        o->delay = d > LIFECYCLE_BACKOFF_CAP_S ? LIFECYCLE_BACKOFF_CAP_S : d;
+        /* A delay past LIFECYCLE_MAX_DELAY_S is cut to it: no row waits longer on a
+           script's word, whatever an upstream's Retry-After said. */
+        o->delay = d > LIFECYCLE_MAX_DELAY_S ? LIFECYCLE_MAX_DELAY_S : d;
       }
       lua_pop(L, 1);
     }
     return;
   }
   snprintf(err, sizeof err, "handle returned a %s; return nothing, true, leash.ok(result), "
-           "nil or false with a message, leash.retry(msg) or leash.fatal(msg)",
+           "nil or false with a message, leash.retry(msg), leash.snooze(s) or leash.fatal(msg)",
            luaL_typename(L, v));
   outcome_set(o, OUTCOME_RETRY, CAUSE_CONTRACT, NULL, err);
 }

@@ -91,8 +91,9 @@ void taskctx_check_stop(lua_State *L);
 
 /* [-0, +0, v] Ends the run now, by the host's choice rather than the script's: raises like a
    stop (the hook re-raises on every instruction, so a pcall cannot keep the code running)
-   and makes the outcome a retry of the given cause after delay_s seconds. For waits that
-   should not hold a slot (a budget paused for minutes). fmt is the outcome's message. */
+   and makes the outcome a snooze (CAUSE_BUDGET; any other cause: a retry) of that cause after
+   delay_s seconds. For waits that should not hold a slot (a budget paused for minutes). fmt
+   is the outcome's message. */
 void taskctx_yield(lua_State *L, enum outcome_cause cause, double delay_s, const char *fmt, ...)
   __attribute__((format(printf, 4, 5), noreturn));
 

@@ -117,7 +117,7 @@ static void priority_is_a_whole_number_within_the_column_bounds(void)
   }
   static const char typo[] = "{\"payload\":1,\"priorty\":5}";
   CHECK_INT_EQ(check_line(typo, sizeof typo - 1, err, sizeof err), ENQUEUE_LINE_BAD);
-  CHECK(strstr(err, "max_crashes, priority, dedup_key, budget)") != NULL);
+  CHECK(strstr(err, "max_crashes, priority, dedup_key, budget, max_snoozes, backoff_base, backoff_cap)") != NULL);
 }
 
 /* dedup_key (sql/012): a non-empty string of at most 512 bytes, or absent. */
@@ -141,12 +141,58 @@ static void dedup_key_is_a_non_empty_string_within_its_bound(void)
   }
 }
 
+
+/* The snooze bound and the per-task backoff (sql/013's CHECKs): in-bounds values pass, the
+   classes out of bounds (below, above, a fraction where a whole number is due, the wrong
+   type) are refused each with the field's own message; --backoff-base's text check refuses
+   what strtod would take but is no plain number. */
+static void snooze_and_backoff_fields_are_checked_by_their_bounds(void)
+{
+  char err[256];
+  static const char *const good[] = {
+    "{\"payload\":1,\"max_snoozes\":0}", "{\"payload\":1,\"max_snoozes\":10000}",
+    "{\"payload\":1,\"max_snoozes\":1e2}", "{\"payload\":1,\"backoff_base\":1}",
+    "{\"payload\":1,\"backoff_base\":1.5}", "{\"payload\":1,\"backoff_base\":1000}",
+    "{\"payload\":1,\"backoff_cap\":0}", "{\"payload\":1,\"backoff_cap\":86400}",
+    "{\"payload\":1,\"backoff_cap\":0.25}", NULL,
+  };
+  for (const char *const *g = good; *g; g++)
+    CHECK_INT_EQ(check_line(*g, strlen(*g), err, sizeof err), ENQUEUE_LINE_OK);
+  static const struct { const char *line, *msg; } bad[] = {
+    { "{\"payload\":1,\"max_snoozes\":-1}", "\"max_snoozes\" must be an integer from 0 to 10000" },
+    { "{\"payload\":1,\"max_snoozes\":10001}", "\"max_snoozes\" must be an integer from 0 to 10000" },
+    { "{\"payload\":1,\"max_snoozes\":2.5}", "\"max_snoozes\" must be an integer from 0 to 10000" },
+    { "{\"payload\":1,\"max_snoozes\":\"3\"}", "\"max_snoozes\" must be an integer from 0 to 10000" },
+    { "{\"payload\":1,\"backoff_base\":0.5}", "\"backoff_base\" must be a number from 1 to 1000" },
+    { "{\"payload\":1,\"backoff_base\":1001}", "\"backoff_base\" must be a number from 1 to 1000" },
+    { "{\"payload\":1,\"backoff_base\":null}", "\"backoff_base\" must be a number from 1 to 1000" },
+    { "{\"payload\":1,\"backoff_base\":\"2\"}", "\"backoff_base\" must be a number from 1 to 1000" },
+    { "{\"payload\":1,\"backoff_cap\":-0.001}", "\"backoff_cap\" must be a number of seconds from 0 to 86400" },
+    { "{\"payload\":1,\"backoff_cap\":86401}", "\"backoff_cap\" must be a number of seconds from 0 to 86400" },
+    { "{\"payload\":1,\"backoff_cap\":true}", "\"backoff_cap\" must be a number of seconds from 0 to 86400" },
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    err[0] = '\0';
+    CHECK_INT_EQ(check_line(bad[i].line, strlen(bad[i].line), err, sizeof err), ENQUEUE_LINE_BAD);
+    CHECK_STR_EQ(err, bad[i].msg);
+  }
+  static const char *const base_ok[] = { "1", "2", "1.5", "1e3", "1000", NULL };
+  static const char *const base_bad[] = { "", "0.99", "1001", "nan", "inf", "0x10", "2s",
+                                          " 2", "-2", NULL };
+  for (const char *const *b = base_ok; *b; b++)
+    CHECK_INT_EQ(enqueue_check_backoff_base(*b), 0);
+  for (const char *const *b = base_bad; *b; b++)
+    CHECK_INT_EQ(enqueue_check_backoff_base(*b), -1);
+}
+
 static const struct check_case cases[] = {
   { "priority_is_a_whole_number_within_the_column_bounds",
     priority_is_a_whole_number_within_the_column_bounds },
   { "dedup_key_is_a_non_empty_string_within_its_bound",
     dedup_key_is_a_non_empty_string_within_its_bound },
   { "keys_and_numbers_out_of_bounds_are_refused", keys_and_numbers_out_of_bounds_are_refused },
+  { "snooze_and_backoff_fields_are_checked_by_their_bounds",
+    snooze_and_backoff_fields_are_checked_by_their_bounds },
   { "nul_byte_after_a_token_is_refused", nul_byte_after_a_token_is_refused },
   { "copy_row_escapes_copy_specials", copy_row_escapes_copy_specials },
   { NULL, NULL }

@@ -79,10 +79,10 @@ static void check_ok_line(const char *line, size_t len, const char *run_after)
 {
   static const char *const known[] = {
     "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
-    "max_crashes", "priority", NULL,
+    "max_crashes", "priority", "max_snoozes", "backoff_base", "backoff_cap", NULL,
   };
   json_error_t je;
-  json_t *o, *v, *ra, *delay, *ma, *pr;
+  json_t *o, *v, *ra, *delay, *ma, *pr, *ms, *bb, *bc;
   const char *key;
 
   FUZZ_CHECK(memchr(line, '\0', len) == NULL);
@@ -126,6 +126,18 @@ static void check_ok_line(const char *line, size_t len, const char *run_after)
     double d = json_number_value(pr);
     FUZZ_CHECK(json_is_number(pr) && d >= -1000 && d <= 1000 && d == floor(d));
   }
+  /* sql/013's CHECKs */
+  ms = json_object_get(o, "max_snoozes");
+  if (ms != NULL) {
+    double d = json_number_value(ms);
+    FUZZ_CHECK(json_is_number(ms) && d >= 0 && d <= 10000 && d == floor(d));
+  }
+  bb = json_object_get(o, "backoff_base");
+  if (bb != NULL)
+    FUZZ_CHECK(json_is_number(bb) && json_number_value(bb) >= 1 && json_number_value(bb) <= 1000);
+  bc = json_object_get(o, "backoff_cap");
+  if (bc != NULL)
+    FUZZ_CHECK(json_is_number(bc) && json_number_value(bc) >= 0 && json_number_value(bc) <= 86400);
   json_decref(o);
 }
 

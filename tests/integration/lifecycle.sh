@@ -83,13 +83,14 @@ host_run() {
     '{tenant_id: $c, shard_key: $c, payload: {}} + (if $m == "default" then {} else {max_attempts: ($m | tonumber)} end)')
   "$LEASH" enqueue --file - <<<"$line" >/dev/null || fail "enqueue of $name failed"
   qv "$name" "update agent_work_queue set attempts = $preset where shard_key = :'v'" >/dev/null
-  start_worker "$name" "$FIX/$script.lua" --tenant "$name" --poll-ms 20-50 --until-empty \
+  start_worker "$name" "$FIX/$script.lua" --tenant "$name" --poll-ms 20-50 --until-empty --backoff-jitter 0 \
     --drain-timeout 5
   for ((r = 1; r <= runs; r++)); do
+    # a run is settled once the row holds its attempt, or gave it back with a snooze
     wait_for "attempt $((preset + r)) of $name to be settled" 30 q_true \
       "$(qv "$name" "select format('select exists (select 1 from agent_work_queue where shard_key = %L
-                        and attempts = %s and status <> ''leased'' and finished_at is not null)',
-                        :'v', $((preset + r)))")"
+                        and (attempts = %s or snoozes = %s) and status <> ''leased''
+                        and finished_at is not null)', :'v', $((preset + r)), $r)")"
     if ((r < runs)); then
       qv "$name" "update agent_work_queue set run_after = now() where shard_key = :'v'" >/dev/null
     fi
@@ -222,6 +223,88 @@ case_backoff_is_two_to_the_attempts_up_to_the_cap_in_all_three() {
   assert_eq "the kit's cap against LIFECYCLE_BACKOFF_CAP_S" \
     "$(kit_lua -e 'print(string.format("%.1f", require("leash.testing").BACKOFF_CAP))')" \
     "$(printf '%.1f' "$cap")"
+}
+
+case_snoozes_match_in_both() {
+  compare snooze snooze 4 default 1 \
+          snooze_table snooze_table 4 default 1 \
+          snooze_huge snooze_huge 4 default 1 \
+          snooze_nan_argument snooze_nan_argument 4 default 1 \
+          snooze_nan_by_hand snooze_nan_by_hand 4 default 1 \
+          snooze_no_delay snooze_no_delay_by_hand 4 default 1 \
+          snooze_last snooze 7 default 1
+  # the attempt given back: the row holds PRESET attempts, not PRESET + 1
+  expect_record snooze status=pending attempts=4 cause=snoozed wait=30.000 "error=provider busy"
+  expect_record snooze_table status=pending attempts=4 cause=snoozed wait=45.000 "error=provider busy"
+  expect_record snooze_huge status=pending attempts=4 cause=snoozed wait=3600.000
+  expect_record snooze_nan_argument status=pending attempts=5 cause=script_error wait=32.000 traceback=true
+  expect_record snooze_nan_by_hand status=pending attempts=5 cause=contract wait=32.000 \
+    "error=snooze delay must be a finite number of seconds >= 0, not NaN (message: nan by hand)"
+  expect_record snooze_no_delay status=pending attempts=5 cause=contract wait=32.000
+  # a snooze on the last attempt is still a snooze: nothing is spent
+  expect_record snooze_last status=pending attempts=7 cause=snoozed wait=30.000
+}
+
+# The backoff with base, cap and jitter: the kit's testing.backoff and lifecycle.c's
+# lifecycle_backoff against the SQL's <table>_backoff (the function the settle calls) over a grid past every edge (base 1, cap
+# 0, overflow of base^n), and the defaults in the header, the kit and the settle's own
+# parameter defaults.
+case_backoff_with_base_cap_and_jitter_agrees_in_all_three() {
+  lifecycle_setup
+  local grid kit sql g
+  grid='{1,1.5,2,3,10,1000} {0,0.5,60,3600,86400} {0,1,5,12,20,100,1000} {0,0.5,1} {0,0.25,0.999}'
+  read -r -a g <<<"$grid"
+  kit=$(kit_lua - "${g[@]}" <<'LUA'
+local t = require "leash.testing"
+local function list(s) local r = {} for x in s:gmatch("[^{},]+") do r[#r + 1] = tonumber(x) end return r end
+for _, b in ipairs(list(arg[1])) do for _, c in ipairs(list(arg[2])) do
+  for _, n in ipairs(list(arg[3])) do for _, j in ipairs(list(arg[4])) do
+    for _, u in ipairs(list(arg[5])) do
+      print(string.format("%g %g %d %g %g %.6f", b, c, n, j, u,
+                          t.backoff(n, { base = b, cap = c, jitter = j, u = u })))
+end end end end end
+LUA
+)
+  sql=$(q "select format('%s %s %s %s %s %s', b, c, n, j, u,
+                         to_char(agent_work_queue_backoff(b, c, n, j, u), 'FM9999990.000000'))
+             from unnest('${g[0]}'::float8[]) with ordinality b(b, bo),
+                  unnest('${g[1]}'::float8[]) with ordinality c(c, co),
+                  unnest('${g[2]}'::int[]) with ordinality n(n, no),
+                  unnest('${g[3]}'::float8[]) with ordinality j(j, jo),
+                  unnest('${g[4]}'::float8[]) with ordinality u(u, uo)
+            order by bo, co, no, jo, uo")
+  assert_eq "rows compared" "$(wc -l <<<"$kit")" 1890
+  assert_eq "testing.backoff against the SQL's agent_work_queue_backoff" "$kit" "$sql"
+  # and lifecycle.c's lifecycle_backoff against the same lines (tests/c/test_lifecycle.c)
+  local unit out
+  unit=$(dirname "$LEASH")/tests/test_lifecycle
+  [[ -x $unit ]] || unit=$LEASH_SRC/build/tests/test_lifecycle
+  [[ -x $unit ]] || fail "tests/test_lifecycle not built next to $LEASH"
+  printf '%s\n' "$sql" >"$T_TMP/grid"
+  out=$(LEASH_BACKOFF_GRID=$T_TMP/grid "$unit" backoff_agrees_with_the_grid_the_sql_wrote 2>&1) \
+    || fail "lifecycle_backoff disagrees with the SQL:"$'\n'"$out"
+  assert_contains "lifecycle_backoff against the SQL" "$out" "1890 lines agree"
+  local h_base h_cap h_jitter settle
+  h_base=$(sed -nE 's/^#define LIFECYCLE_BACKOFF_BASE +([0-9.]+).*/\1/p' "$LEASH_SRC/src/lifecycle.h")
+  h_cap=$(sed -nE 's/^#define LIFECYCLE_BACKOFF_CAP_S +([0-9.]+).*/\1/p' "$LEASH_SRC/src/lifecycle.h")
+  h_jitter=$(sed -nE 's/^#define LIFECYCLE_BACKOFF_JITTER +([0-9.]+).*/\1/p' "$LEASH_SRC/src/lifecycle.h")
+  [[ -n $h_base && -n $h_cap && -n $h_jitter ]] || fail "the backoff defaults not found in src/lifecycle.h"
+  assert_eq "the kit's defaults against lifecycle.h's" \
+    "$(kit_lua -e 'local t = require "leash.testing"
+                   print(string.format("%g %g %g", t.BACKOFF_BASE, t.BACKOFF_CAP, t.BACKOFF_JITTER))')" \
+    "$(printf '%g %g %g' "$h_base" "$h_cap" "$h_jitter")"
+  for f in settle cycle cycle_rows; do
+    settle=$(q "select pg_get_function_arguments('agent_work_queue_$f'::regproc)")
+    assert_contains "$f's default base" "$settle" "p_backoff_base double precision DEFAULT $(printf '%g' "$h_base")"
+    assert_contains "$f's default cap" "$settle" "p_backoff_cap double precision DEFAULT $(printf '%g' "$h_cap")"
+    assert_contains "$f's default jitter" "$settle" "p_backoff_jitter double precision DEFAULT $(printf '%g' "$h_jitter")"
+  done
+  local snoozes
+  snoozes=$(sed -nE 's/^#define LIFECYCLE_DEFAULT_MAX_SNOOZES +([0-9]+).*/\1/p' "$LEASH_SRC/src/lifecycle.h")
+  assert_eq "max_snoozes: the column's default, the kit's, lifecycle.h's" \
+    "$(q "select column_default from information_schema.columns
+           where table_name = 'agent_work_queue' and column_name = 'max_snoozes'") $(kit_lua -e 'print(require("leash.testing").DEFAULT_MAX_SNOOZES)')" \
+    "$snoozes $snoozes"
 }
 
 # The default max_attempts: src/lifecycle.h, the table's column default and the kit's, and

@@ -183,7 +183,8 @@ case_long_task_keeps_its_lease() {
   assert_no_sanitizer_reports
 }
 
-# 6. Backoff 2^attempts s after a retry without delay; attempts exhausted -> dead; fatal ->
+# 6. Backoff 2^attempts s after a retry without delay, equal jitter by default (a wait in
+# [d/2, d], sql/013); attempts exhausted -> dead; fatal ->
 # dead at once; a raised error is a retry whose last_error holds the message and traceback.
 case_backoff_dead_and_fatal() {
   run_setup
@@ -200,16 +201,16 @@ case_backoff_dead_and_fatal() {
   wait_for "the retried task's first failure" 20 q_true \
     "$(printf "$row" "status = 'pending' and attempts = 1" backoff)"
   # shellcheck disable=SC2059
-  assert_eq "backoff after attempt 1 (run_after - finished_at in [1.5, 2.5] s)" \
-    "$(q "$(printf "$row" "extract(epoch from run_after - finished_at) between 1.5 and 2.5" backoff)")" t
+  assert_eq "backoff after attempt 1 (run_after - finished_at in [1, 2] s)" \
+    "$(q "$(printf "$row" "extract(epoch from run_after - finished_at) between 0.999 and 2.001" backoff)")" t
   # shellcheck disable=SC2059
   assert_eq "last_error after a retry" "$(q "$(printf "$row" last_error backoff)")" "asked to retry"
   # shellcheck disable=SC2059
   wait_for "the retried task's second failure" 20 q_true \
     "$(printf "$row" "status = 'pending' and attempts = 2" backoff)"
   # shellcheck disable=SC2059
-  assert_eq "backoff after attempt 2 (in [3, 5] s)" \
-    "$(q "$(printf "$row" "extract(epoch from run_after - finished_at) between 3 and 5" backoff)")" t
+  assert_eq "backoff after attempt 2 (in [2, 4] s)" \
+    "$(q "$(printf "$row" "extract(epoch from run_after - finished_at) between 1.999 and 4.001" backoff)")" t
 
   # shellcheck disable=SC2059
   wait_for "the exhausted task to die" 20 q_true "$(printf "$row" "status = 'dead'" exhaust)"

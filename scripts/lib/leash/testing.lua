@@ -24,8 +24,13 @@
 ---   * outcomes: nothing/nil/true/leash.ok → done (the result must encode as JSON, within
 ---     opts.max_result_bytes, default 16 MB); nil, msg / false, msg / leash.retry / a raised
 ---     error / any other return value → retry; leash.fatal → dead; a retry delay must be a
----     finite number >= 0 (else a contract error) and is cut to the backoff cap (3600 s);
+---     finite number >= 0 (else a contract error) and is cut to 3600 s; leash.snooze(s
+---     [, reason]) and leash.retry{after = s, spend = false} → snooze (status "snooze": the
+---     attempt given back, bounded by max_snoozes, then a retry with cause snooze_limit);
 ---     a retry on the last attempt (attempt >= max_attempts) → dead;
+---   * the backoff: least(cap, base^attempt) (opts.backoff = { base, cap, jitter } as the
+---     worker's --backoff-* flags, a task's backoff_base/backoff_cap beat them), jittered
+---     to [backoff_min, backoff]: h:settle waits the longest unless opts.random is given;
 ---   * leash.json encodes by the host's rules (sorted keys, {} for an empty table,
 ---     json.array for [], errors on mixed keys, holes, NaN, functions, cycles);
 ---   * leash.step stores its result as JSON, fenced: a later h:run (the next attempt) gets
@@ -327,7 +332,46 @@ end
 local function new_fake(h)
   local leash = { null = NULL }
   function leash.ok(result) return setmetatable({ kind = "ok", result = result }, OUTCOME) end
-  function leash.retry(msg, delay)
+  local function check_delay(delay, what)
+    if type(delay) ~= "number" then
+      error(what .. " (number of seconds expected, got " .. (delay == nil and "no value" or type(delay)) .. ")", 3)
+    end
+    if not (delay >= 0) or delay == math.huge then
+      error(what .. " (delay must be a finite number of seconds >= 0)", 3)
+    end
+  end
+  -- the table form: leash.retry{message = m, after = s, spend = false}
+  local function retry_table(t)
+    for k in pairs(t) do
+      if k ~= "message" and k ~= "after" and k ~= "spend" then
+        error("leash.retry{...}: unknown field " .. tostring(k) .. " (expected message, after, spend)", 3)
+      end
+    end
+    local msg, after, spend = t.message, t.after, t.spend
+    if msg ~= nil and type(msg) ~= "string" and type(msg) ~= "number" then
+      error("leash.retry{...}: message must be a string, not a " .. type(msg), 3)
+    end
+    if after ~= nil then
+      if type(after) ~= "number" then
+        error("leash.retry{...}: after must be a number of seconds, not a " .. type(after), 3)
+      end
+      if not (after >= 0) or after == math.huge then
+        error("leash.retry{...}: after must be a finite number of seconds >= 0", 3)
+      end
+    end
+    if spend ~= nil and type(spend) ~= "boolean" then
+      error("leash.retry{...}: spend must be a boolean, not a " .. type(spend), 3)
+    end
+    if spend == false and after == nil then
+      error("leash.retry{...}: spend = false (a snooze) needs after = seconds", 3)
+    end
+    return setmetatable({ kind = spend == false and "snooze" or "retry",
+                          message = msg ~= nil and tostring(msg) or "retry requested",
+                          delay = after }, OUTCOME)
+  end
+  function leash.retry(...)
+    local msg, delay = ...
+    if type(msg) == "table" and select("#", ...) == 1 then return retry_table(msg) end
     if delay ~= nil and type(delay) ~= "number" then
       error("bad argument #2 to 'retry' (number of seconds expected, got " .. type(delay) .. ")", 2)
     end
@@ -335,6 +379,14 @@ local function new_fake(h)
       error("bad argument #2 to 'retry' (delay must be a finite number of seconds >= 0)", 2)
     end
     return setmetatable({ kind = "retry", message = msg ~= nil and tostring(msg) or "retry requested",
+                          delay = delay }, OUTCOME)
+  end
+  function leash.snooze(delay, reason)
+    check_delay(delay, "bad argument #1 to 'snooze'")
+    if reason ~= nil and type(reason) ~= "string" and type(reason) ~= "number" then
+      error("bad argument #2 to 'snooze' (string expected, got " .. type(reason) .. ")", 2)
+    end
+    return setmetatable({ kind = "snooze", message = reason ~= nil and tostring(reason) or "snoozed",
                           delay = delay }, OUTCOME)
   end
   function leash.fatal(msg)
@@ -694,19 +746,32 @@ end
 -- the table's column default and the rows the host writes.
 local BACKOFF_BASE = 2            -- LIFECYCLE_BACKOFF_BASE
 local BACKOFF_CAP = 3600          -- LIFECYCLE_BACKOFF_CAP_S
+local BACKOFF_JITTER = 0.5        -- LIFECYCLE_BACKOFF_JITTER
+local MAX_DELAY = 3600            -- LIFECYCLE_MAX_DELAY_S
 local DEFAULT_MAX_ATTEMPTS = 8    -- LIFECYCLE_DEFAULT_MAX_ATTEMPTS
+local DEFAULT_MAX_SNOOZES = 100   -- LIFECYCLE_DEFAULT_MAX_SNOOZES
+testing.BACKOFF_BASE = BACKOFF_BASE
 testing.BACKOFF_CAP = BACKOFF_CAP
+testing.BACKOFF_JITTER = BACKOFF_JITTER
+testing.MAX_DELAY = MAX_DELAY
 testing.DEFAULT_MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
+testing.DEFAULT_MAX_SNOOZES = DEFAULT_MAX_SNOOZES
 -- Every cause a row's last_cause can hold, in src/lifecycle.c's order (tests/integration/
--- sqlapi.sh checks the two agree). "cancelled" is written by `leash cancel`, never by a run.
+-- sqlapi.sh checks the two agree). "cancelled" is written by `leash cancel`, never by a run;
+-- "snooze_limit" by the settle.
 testing.CAUSES = { "none", "returned", "script_error", "contract", "timeout", "memory",
                    "lease_lost", "stopping", "wedged", "crash", "quarantined", "bad_row",
-                   "budget", "cancelled" }
+                   "budget", "cancelled", "snoozed", "snooze_limit" }
 
 --- The wait in seconds before the next attempt after a retry without a delay on attempt
---- `attempts` (the row's attempts counts the one that just ran): least(3600, 2^attempts).
-function testing.backoff(attempts)
-  return math.min(BACKOFF_CAP, BACKOFF_BASE ^ attempts)
+--- `attempts` (the row's attempts counts the one that just ran): least(cap, base^attempts)
+--- x (1 - jitter x u). opts (all optional): base (2), cap (3600), jitter and u; without u
+--- there is no jitter: the longest wait, least(3600, 2^attempts) by default.
+function testing.backoff(attempts, opts)
+  opts = opts or {}
+  local base, cap = opts.base or BACKOFF_BASE, opts.cap or BACKOFF_CAP
+  local d = cap <= 0 and 0 or math.min(cap, base ^ attempts)
+  return d * (1 - (opts.jitter or BACKOFF_JITTER) * (opts.u or 0))
 end
 local MAX_RESULT_BYTES = 16 * 1024 * 1024
 
@@ -724,7 +789,7 @@ local function message_handler(e)
   return debug.traceback("(error object is a " .. type(e) .. " value)", 2)
 end
 
-local CONTRACT = "; return nothing, true, leash.ok(result), nil or false with a message, leash.retry(msg) or leash.fatal(msg)"
+local CONTRACT = "; return nothing, true, leash.ok(result), nil or false with a message, leash.retry(msg), leash.snooze(s) or leash.fatal(msg)"
 
 local function number_text(d)
   if d ~= d then return "NaN" end
@@ -797,17 +862,21 @@ local function outcome(res, max_result_bytes)
     end
     local message = rawget(a, "message")
     if type(message) ~= "string" then message = kind end
-    if kind == "retry" then
+    if kind == "retry" or kind == "snooze" then
       local delay = rawget(a, "delay")
-      if delay ~= nil then
+      -- a snooze must name its delay; a retry may (else the backoff)
+      if delay ~= nil or kind == "snooze" then
         if type(delay) ~= "number" or not (delay >= 0) or delay == math.huge then
           local got = type(delay) == "number" and number_text(delay) or "a " .. type(delay)
           return { status = "retry", cause = "contract", contract = true,
-                   error = "retry delay must be a finite number of seconds >= 0, not " .. got
+                   error = kind .. " delay must be a finite number of seconds >= 0, not " .. got
                            .. " (message: " .. message .. ")" }
         end
-        -- past the backoff cap it is cut to the cap, as the host does
-        delay = math.min(delay, BACKOFF_CAP)
+        -- past LIFECYCLE_MAX_DELAY_S it is cut to it, as the host does
+        delay = math.min(delay, MAX_DELAY)
+      end
+      if kind == "snooze" then
+        return { status = "snooze", cause = "snoozed", error = message, delay = delay }
       end
       return { status = "retry", cause = "returned", error = message, delay = delay }
     end
@@ -864,13 +933,29 @@ local function new_harness(dir, opts)
   h.leash = new_fake(h)
   h.env = new_env(h)
 
+  -- The harness's backoff: opts.backoff = { base, cap, jitter } (the worker's --backoff-*)
+  -- beaten by the task's backoff_base and backoff_cap, as the settle does.
+  local function backoff_of(task, attempt)
+    local b = opts.backoff or {}
+    local o = { base = task.backoff_base or b.base, cap = task.backoff_cap or b.cap,
+                jitter = b.jitter }
+    local longest = testing.backoff(attempt, o)
+    o.u = 1
+    return longest, testing.backoff(attempt, o)
+  end
+
   --- Runs handle on a task built from t (defaults fill id, tenant, shard, attempt…) and
-  --- returns { status = "done"|"retry"|"dead", cause, result, error, delay, backoff,
-  --- attempt, exhausted }. cause is the host's name for why (the row's last_cause):
-  --- "none" (done), "returned" (false/nil with a message, leash.retry, leash.fatal),
-  --- "script_error" (raised), "contract" (a wrong answer, a bad delay, a result JSON
-  --- cannot hold), "memory" (a result over max_result_bytes). A retry without a delay has
-  --- backoff = testing.backoff(attempt); a retry on the last attempt is dead, exhausted.
+  --- returns { status = "done"|"retry"|"snooze"|"dead", cause, result, error, delay,
+  --- backoff, backoff_min, attempt, exhausted }. cause is the host's name for why (the
+  --- row's last_cause): "none" (done), "returned" (false/nil with a message, leash.retry,
+  --- leash.fatal), "snoozed" (leash.snooze, leash.retry{spend = false}), "snooze_limit" (a
+  --- snooze past max_snoozes: a retry), "script_error" (raised), "contract" (a wrong answer,
+  --- a bad delay, a result JSON cannot hold), "memory" (a result over max_result_bytes).
+  --- A retry without a delay has backoff = the longest wait (least(cap, base^attempt)) and
+  --- backoff_min = the shortest the jitter may make it; a retry on the last attempt is
+  --- dead, exhausted. A snooze (status "snooze", its delay and reason in delay and error)
+  --- gives its attempt back: t.snoozes (default 0) counts those already taken; once they
+  --- reach t.max_snoozes (default 100) the snooze is a retry with cause "snooze_limit".
   function h:run(t)
     t = t or {}
     local task = {
@@ -886,13 +971,21 @@ local function new_harness(dir, opts)
     self.yielded, self.holds, self.hold_stack = nil, {}, {}
     local out = outcome(table.pack(xpcall(self.handle, message_handler, task)), opts.max_result_bytes)
     if self.yielded then   -- the host's stop wins over whatever handle made of it
-      out = { status = "retry", cause = "budget", error = self.yielded.error,
-              delay = self.yielded.delay }
+      out = { status = "snooze", cause = "budget", error = self.yielded.error,
+              delay = math.min(self.yielded.delay, BACKOFF_CAP) }
     end
     self.task = nil
     out.error = testing.redact(self, out.error)
     out.attempt = task.attempt
-    if out.status == "retry" and out.delay == nil then out.backoff = testing.backoff(task.attempt) end
+    local snoozes, max_snoozes = t.snoozes or 0, t.max_snoozes or DEFAULT_MAX_SNOOZES
+    if out.status == "snooze" and snoozes >= max_snoozes then
+      out.status, out.cause = "retry", "snooze_limit"
+      out.error = "snooze_limit: snoozed " .. snoozes .. " times (max_snoozes " .. max_snoozes
+                  .. "), so this snooze spent an attempt: " .. out.error
+    end
+    if out.status == "retry" and out.delay == nil then
+      out.backoff, out.backoff_min = backoff_of(t, task.attempt)
+    end
     if out.status == "retry" and task.attempt >= task.max_attempts then
       out.status, out.exhausted = "dead", true
     end
@@ -900,31 +993,43 @@ local function new_harness(dir, opts)
   end
 
   --- Runs attempt after attempt, as the host would, until the task is done or dead:
-  --- between attempts the clock moves by the script's delay or the backoff
-  --- least(3600, 2^attempt). Returns the last outcome, with out.history (every outcome).
+  --- between attempts the clock moves by the script's delay or the backoff (the longest
+  --- wait, least(cap, base^attempt); with opts.random = function() return u end, the
+  --- jittered one). A snooze moves the clock by its delay and runs the same attempt again.
+  --- Returns the last outcome, with out.history (every outcome) and out.snoozes.
   function h:settle(t)
     t = t or {}
     local history = {}
     local attempt = t.attempt or 1
+    local snoozes = t.snoozes or 0
     while true do
       local copy = {}
       for k, v in pairs(t) do copy[k] = v end
-      copy.attempt = attempt
+      copy.attempt, copy.snoozes = attempt, snoozes
       local out = self:run(copy)
       history[#history + 1] = out
-      if out.status ~= "retry" then
-        out.history = history
+      if out.status == "snooze" then
+        self.clock = self.clock + out.delay
+        snoozes = snoozes + 1
+      elseif out.status ~= "retry" then
+        out.history, out.snoozes = history, snoozes
         return out
+      else
+        local wait = out.delay or out.backoff
+        if out.delay == nil and opts.random then
+          wait = out.backoff - (out.backoff - out.backoff_min) * opts.random()
+        end
+        self.clock = self.clock + wait
+        attempt = attempt + 1
       end
-      self.clock = self.clock + (out.delay or out.backoff)
-      attempt = attempt + 1
     end
   end
   return h
 end
 
 --- Loads a task script with the fake leash module. opts: { lua_path = {dirs}, clock = n,
---- env = { NAME = "value" }, env_allow = { "NAME" } }.
+--- env = { NAME = "value" }, env_allow = { "NAME" },
+---   max_result_bytes = n, backoff = { base, cap, jitter }, random = function }.
 --- Returns a harness h with h.db and h.http (calls, on(...), find(...)), h.steps (stored
 --- step results, kept across runs like attempts), h.step_runs (name → times fn ran),
 --- h.enqueued (child tasks, defaults filled), h.logs, h.clock (settable), h.slept,
