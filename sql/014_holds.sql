@@ -28,6 +28,8 @@ ALTER TABLE {{table}}
                                              -- while the budget is paused)
   ADD COLUMN IF NOT EXISTS parked boolean NOT NULL DEFAULT false;
 
+-- Dropped first: a schema whose history was rolled back by hand keeps it (badinput.sh).
+ALTER TABLE {{table}} DROP CONSTRAINT IF EXISTS leash_budget_bounds;
 ALTER TABLE {{table}}
   ADD CONSTRAINT leash_budget_bounds CHECK (octet_length(budget) BETWEEN 1 AND 200);
 
