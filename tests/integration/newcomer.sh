@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The README's "Your first task", followed literally, so the docs cannot rot. Each code block
+# of that section is marked by the HTML comment before it:
+#   <!-- first-task: PATH -->  the block is the file PATH (and must equal the repository's copy)
+#   <!-- first-task: run -->   the block is shell, run in order as a newcomer would type it
+# The run blocks execute in a scratch folder that looks like a checkout (scripts/ and
+# build/leash link to the real ones; the example files are written from the README's text,
+# not copied), against a fresh database named by DATABASE_URL, as the section says.
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/../lib.sh"
+
+README=$LEASH_SRC/README.md
+
+# extract OUT_DIR: writes the section's blocks as OUT_DIR/files/<PATH> and OUT_DIR/run.sh (the
+# run blocks in order), and OUT_DIR/order (one marker per line, in README order).
+extract() {
+  python3 - "$README" "$1" <<'PY'
+import os, re, sys
+readme, out = sys.argv[1], sys.argv[2]
+text = open(readme, encoding="utf-8").read()
+m = re.search(r"^## Your first task\n(.*?)^## ", text, re.S | re.M)
+if not m:
+    sys.exit("README.md has no '## Your first task' section")
+blocks = re.findall(r"<!-- first-task: (\S+) -->\n```[a-z]*\n(.*?)^```\n", m.group(1), re.S | re.M)
+if not blocks:
+    sys.exit("the first-task section has no marked code blocks")
+markers = re.findall(r"<!-- first-task: (\S+) -->", m.group(1))
+if len(markers) != len(blocks):
+    sys.exit(f"{len(markers)} markers but {len(blocks)} marked code blocks (a marker must sit right above its block)")
+run = ["set -euo pipefail"]
+with open(os.path.join(out, "order"), "w") as order:
+    for name, body in blocks:
+        order.write(name + "\n")
+        if name == "run":
+            run.append(body)
+        else:
+            if name.startswith("/") or ".." in name.split("/"):
+                sys.exit(f"a file block names {name!r}, outside the checkout")
+            path = os.path.join(out, "files", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(body)
+with open(os.path.join(out, "run.sh"), "w", encoding="utf-8") as f:
+    f.write("\n".join(run))
+PY
+}
+
+# 1. The files the README shows are the files in examples/, and the section goes in the
+# order a newcomer needs: the script, its spec, busted, leash check, leash run --until-empty.
+case_the_first_task_blocks_are_the_example_files_in_order() {
+  local out=$T_TMP/x f n=0
+  mkdir -p "$out"
+  extract "$out" || fail "could not extract the first-task blocks"
+  while IFS= read -r f; do
+    [[ $f == run ]] && continue
+    n=$((n + 1))
+    [[ -f $LEASH_SRC/$f ]] || fail "the README shows $f, which is not in the repository"
+    diff -u "$LEASH_SRC/$f" "$out/files/$f" >"$T_TMP/diff" ||
+      fail "the README's $f differs from the repository's:"$'\n'"$(cat "$T_TMP/diff")"
+  done <"$out/order"
+  assert_eq "file blocks" "$n" 2
+  assert_eq "block order" "$(tr '\n' ' ' <"$out/order")" \
+    "examples/first-task/grade.lua examples/first-task/grade_spec.lua run run run "
+  # The commands, in order, within the run blocks.
+  awk '/busted /{print "busted"} /leash check /{print "check"} /leash run .*--until-empty/{print "run"}' \
+    "$out/run.sh" >"$T_TMP/cmds"
+  assert_eq "commands in order" "$(tr '\n' ' ' <"$T_TMP/cmds")" "busted check run "
+  # Before any internals: the section is the second one, right after "Two commands".
+  assert_eq "first sections" "$(grep '^## ' "$README" | head -2 | tr '\n' '|')" \
+    "## Two commands|## Your first task|"
+  # The script is the ~20-line one the section promises.
+  n=$(wc -l <"$out/files/examples/first-task/grade.lua")
+  ((n <= 25)) || fail "grade.lua has $n lines; the first task promises about 20"
+}
+
+# 2. The run blocks, as written, in a checkout-like folder: busted passes the spec, leash check
+# accepts the script, the mock answers, and the enqueued ticket ends done with the mock's grade.
+case_the_first_task_runs_as_written() {
+  t_newdb
+  local out=$T_TMP/x work=$T_TMP/work rc=0
+  mkdir -p "$out" "$work/build"
+  extract "$out" || fail "could not extract the first-task blocks"
+  cp -R "$out/files/." "$work/"
+  ln -s "$LEASH_SRC/scripts" "$work/scripts"
+  ln -s "$LEASH" "$work/build/leash"
+  # setsid: the blocks' background mock is in its own process group, which the clean-up
+  # ends even when a block failed before its `kill`.
+  (cd "$work" && exec setsid timeout 240 bash "$out/run.sh") >"$T_OUT" 2>"$T_ERR" &
+  local pid=$!
+  t_on_exit _kill_group "$pid"
+  wait "$pid" || rc=$?
+  ((rc == 0)) || fail "the first-task blocks failed (status $rc)"$'\n'"$(_t_tail stdout "$T_OUT")"$'\n'"$(_t_tail stderr "$T_ERR")"
+  assert_contains "busted's summary" "$(cat "$T_OUT")" "3 successes / 0 failures / 0 errors"
+  assert_contains "leash check" "$(cat "$T_OUT")" "examples/first-task/grade.lua: ok"
+  assert_eq "tasks" "$(q "SELECT count(*) || ' ' || string_agg(status, ',') FROM agent_work_queue")" "1 done"
+  local grade
+  grade=$(q "SELECT result->>'grade' FROM agent_work_queue")
+  [[ $grade =~ ^[1-5]$ ]] || fail "the task's result has no grade from the mock: $(q 'SELECT result FROM agent_work_queue')"
+  assert_eq "batch" "$(q 'SELECT batch FROM agent_work_queue')" first-task
+  assert_contains "inspect shows the task done" "$(cat "$T_OUT")" "done"
+  # The mock really answered (it counts what it saw), and the block's `kill` stopped it.
+  [[ -s $work/mock.out ]] || fail "the mock wrote no port"
+  wait_for "the mock to be gone" 10 _group_gone "$pid"
+}
+
+_group_gone() { ! kill -0 -- "-$1" 2>/dev/null; }
+_kill_group() { kill -TERM -- "-$1" 2>/dev/null || true; }
+
+t_run "$@"
