@@ -103,6 +103,50 @@ case_the_first_task_runs_as_written() {
   wait_for "the mock to be gone" 10 _group_gone "$pid"
 }
 
+# 3. The man page covers every command and flag: each command of `leash --help` has an entry
+# in docs/leash.1, and every --option its own --help names (and each action of tenant, budget
+# and spend) appears in that entry; the global options are in the SYNOPSIS.
+case_the_man_page_names_every_command_and_option() {
+  python3 - "$LEASH" "$LEASH_SRC/docs/leash.1" <<'PY' >"$T_OUT" || fail "docs/leash.1 is behind the binary's --help:"$'\n'"$(cat "$T_OUT")"
+import re, subprocess, sys
+leash, man = sys.argv[1], sys.argv[2]
+GLOBAL = {"--db", "--table", "--log-format", "--log-level", "--help", "--version"}
+top = subprocess.run([leash, "--help"], capture_output=True, text=True).stdout
+cmds = re.findall(r"^  ([a-z]+)   ", top.split("commands:")[1].split("global options:")[0], re.M)
+text = open(man, encoding="utf-8").read()
+lines = text.split("\n")
+chunks, cur = {}, None
+for i, l in enumerate(lines):
+    if l.startswith(".SH"):
+        cur = None
+        continue
+    if i > 0 and lines[i - 1] in (".TP",) and re.match(r"\.BI? ", l):
+        word = re.sub(r'^\.BI? "?', "", l).split()[0].strip('"')
+        if word in cmds:
+            cur = word
+            chunks.setdefault(cur, "")
+    if cur:
+        chunks[cur] += l.replace("\\-", "-") + "\n"
+syn = text.split(".SH DESCRIPTION")[0].replace("\\-", "-")
+bad = []
+for g in GLOBAL - {"--help", "--version"}:
+    if g not in syn: bad.append(f"SYNOPSIS lacks the global option {g}")
+for c in cmds:
+    if c not in chunks:
+        bad.append(f"no entry for the command {c}"); continue
+    h = subprocess.run([leash, c, "--help"], capture_output=True, text=True).stdout
+    h = h.split("global options:")[0]
+    for f in sorted(set(re.findall(r"--[a-z][a-z0-9-]*", h)) - GLOBAL):
+        if not re.search(re.escape(f) + r"(?![a-z0-9-])", chunks[c]):
+            bad.append(f"{c}: {f} is in 'leash {c} --help' but not in its entry")
+    for a in re.findall(r"^  ([a-z]+) [A-Z\[]", h, re.M) if c in ("budget", "spend", "tenant") else []:
+        if not re.search(r"\b" + c + r" " + a + r"\b", chunks[c]):
+            bad.append(f"{c}: the action {a} has no entry")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+}
+
 _group_gone() { ! kill -0 -- "-$1" 2>/dev/null; }
 _kill_group() { kill -TERM -- "-$1" 2>/dev/null || true; }
 
