@@ -147,6 +147,41 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# 4. docs/patterns.md shows its marked examples (<!-- example: PATH -->) exactly as the files in
+# examples/patterns/ are, every file there is shown, the scripts pass leash check, and their
+# specs pass under busted.
+case_the_patterns_page_shows_the_example_files_and_their_specs_pass() {
+  python3 - "$LEASH_SRC" >"$T_OUT" <<'PY' || fail "docs/patterns.md and examples/patterns/ differ:"$'\n'"$(cat "$T_OUT")"
+import os, re, sys
+root = sys.argv[1]
+text = open(os.path.join(root, "docs/patterns.md"), encoding="utf-8").read()
+blocks = re.findall(r"<!-- example: (\S+) -->\n```[a-z]*\n(.*?)^```\n", text, re.S | re.M)
+shown = {name for name, _ in blocks}
+bad = []
+for name, body in blocks:
+    path = os.path.join(root, name)
+    if not os.path.isfile(path):
+        bad.append(f"{name} is shown but not in the repository")
+    elif open(path, encoding="utf-8").read() != body:
+        bad.append(f"{name} differs from the block that shows it")
+for f in sorted(os.listdir(os.path.join(root, "examples/patterns"))):
+    if "examples/patterns/" + f not in shown:
+        bad.append(f"examples/patterns/{f} is not shown in docs/patterns.md")
+if len(blocks) < 4:
+    bad.append(f"only {len(blocks)} marked blocks")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+  local f
+  for f in "$LEASH_SRC"/examples/patterns/*.lua; do
+    [[ $f == *_spec.lua ]] && continue
+    expect_exit 0 "$LEASH" check "$f"
+  done
+  (cd "$LEASH_SRC" && busted --lua=lua5.4 --lpath='./scripts/lib/?.lua' -o TAP examples/patterns/) >"$T_OUT" 2>&1 ||
+    fail "the patterns' specs fail:"$'\n'"$(cat "$T_OUT")"
+  grep -q '^ok ' "$T_OUT" || fail "busted ran no test: $(cat "$T_OUT")"
+}
+
 _group_gone() { ! kill -0 -- "-$1" 2>/dev/null; }
 _kill_group() { kill -TERM -- "-$1" 2>/dev/null || true; }
 
