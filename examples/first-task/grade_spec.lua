@@ -1,4 +1,4 @@
--- lua5.4 /usr/bin/busted --lpath='./scripts/lib/?.lua' examples/first-task/grade_spec.lua
+-- busted --lua=lua5.4 --lpath='./scripts/lib/?.lua' examples/first-task/grade_spec.lua
 local testing = require "leash.testing"
 
 -- What the mock LLM (or OpenAI) answers: the grade is JSON text inside the message.
