@@ -182,6 +182,42 @@ PY
   grep -q '^ok ' "$T_OUT" || fail "busted ran no test: $(cat "$T_OUT")"
 }
 
+# 5. Every relative link in README.md and docs/*.md leads to a file that exists and, with a
+# #fragment, to a heading of that file (GitHub's anchors), so moved sections leave no dead link.
+case_every_link_in_the_docs_leads_somewhere() {
+  python3 - "$LEASH_SRC" <<'PY' >"$T_OUT" || fail "dead links:"$'\n'"$(cat "$T_OUT")"
+import os, re, sys
+root = sys.argv[1]
+def anchors(path):
+    out = set()
+    in_code = False
+    for line in open(path, encoding="utf-8"):
+        if line.startswith("```"): in_code = not in_code
+        if in_code: continue
+        m = re.match(r"^#{1,6} (.*)", line)
+        if m:
+            a = m.group(1).strip().lower()
+            a = re.sub(r"[^\w\- ]", "", a).replace(" ", "-")
+            out.add(a)
+    return out
+files = [os.path.join(root, "README.md")] + [os.path.join(root, "docs", f) for f in sorted(os.listdir(os.path.join(root, "docs"))) if f.endswith(".md")]
+bad = []
+for f in files:
+    text = open(f, encoding="utf-8").read()
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target): continue
+        path, _, frag = target.partition("#")
+        dest = os.path.normpath(os.path.join(os.path.dirname(f), path)) if path else f
+        rel = os.path.relpath(f, root)
+        if not os.path.exists(dest):
+            bad.append(f"{rel}: ({target}): no such file"); continue
+        if frag and dest.endswith(".md") and frag not in anchors(dest):
+            bad.append(f"{rel}: ({target}): no such section")
+print("\n".join(bad)); sys.exit(1 if bad else 0)
+PY
+}
+
 _group_gone() { ! kill -0 -- "-$1" 2>/dev/null; }
 _kill_group() { kill -TERM -- "-$1" 2>/dev/null || true; }
 
