@@ -9,9 +9,9 @@ GRANT SELECT, INSERT, DELETE ON agent_work_queue_steps TO leash_worker;  -- leas
 GRANT SELECT ON agent_work_queue_migrations TO leash_worker;             -- schema version check
 GRANT SELECT ON agent_work_queue_tenants TO leash_worker;                -- the claim's weights
 GRANT USAGE ON SEQUENCE agent_work_queue_lease_token_seq TO leash_worker; -- a token per claim
--- Holds (014): claims read them, park held heads and lift expired holds; pause/resume write.
+-- Holds (013): claims read them, park held heads and lift expired holds; pause/resume write.
 GRANT SELECT, INSERT, UPDATE, DELETE ON agent_work_queue_holds TO leash_worker;
--- Budgets and spend (015): grants and settlements of budgeted calls, usage rows, spend.
+-- Budgets and spend (014): grants and settlements of budgeted calls, usage rows, spend.
 GRANT SELECT, INSERT, UPDATE ON agent_work_queue_budgets TO leash_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON agent_work_queue_budget_calls TO leash_worker;
 GRANT USAGE ON SEQUENCE agent_work_queue_budget_calls_id_seq TO leash_worker;
@@ -23,10 +23,10 @@ GRANT SELECT ON agent_work_queue_prices TO leash_worker;
 -- the table and USAGE on its id sequence; <table>_enqueue and _enqueue_many run as it.
 -- `leash cancel` and `leash release` need UPDATE (granted above) and run as any of these.
 -- Functions (<table>_cycle, _cycle_rows, _claim, _settle, _reap, _reap_rows, _release,
--- _repair_heads, _lane_handover, _lane_key, _row_error, the heads triggers, and 012's
+-- _repair_heads, _lane_handover, _lane_key, _row_error, the heads triggers, and 015's
 -- _enqueue, _enqueue_many, _enqueue_check, _enqueue_row, _dedup_lock, _defaults, _cancel,
--- _release_worker, _worker_here, _worker_sessions, _worker_key, 013's _backoff, 014's _held,
--- _hold, _unhold, _holds_expire, _heads_park, 015's _budget_grant, _budget_settle,
+-- _release_worker, _worker_here, _worker_sessions, _worker_key, 012's _backoff, 013's _held,
+-- _hold, _unhold, _holds_expire, _heads_park, 014's _budget_grant, _budget_settle,
 -- _budget_pause, _budget_resume, _spend_add, _spend_cap) are SECURITY INVOKER and
 -- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
 -- Whatever the scripts' own leash.db.query statements touch is granted separately.

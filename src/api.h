@@ -37,7 +37,7 @@ void api_budget_begin(lua_State *L, const char *what, const char *name, long lon
                       double hold_s, struct budget_call *bc);
 
 /* [-0, +0, -] The call is over: used is what it used (NULL or used->total < 0: unknown, the
-   estimate stands; with input, output and a priced model it is also spend, sql/015);
+   estimate stands; with input, output and a priced model it is also spend, sql/014);
    pause_s >= 0 pauses the budget for the fleet that long with reason (a refusal). Never
    raises: a failure is logged (the call's hold runs out by itself). 0 or -1. */
 struct provider_usage;

@@ -211,7 +211,7 @@ static int l_retry(lua_State *L)
 }
 
 /* leash.snooze(delay_seconds [, reason]): pending again after the delay without spending
-   an attempt (bounded by the row's max_snoozes; past it, a retry: sql/013). The delay is
+   an attempt (bounded by the row's max_snoozes; past it, a retry: sql/012). The delay is
    required and checked like a retry's. */
 static int l_snooze(lua_State *L)
 {

@@ -305,7 +305,7 @@ static int enqueue_one(struct cli *g, PGconn *c, const struct db_table *t,
     rc = EXIT_OK;
     goto out;
   }
-  /* Lock, look and insert (sql/012_sql_api.sql says why this is one row per key). */
+  /* Lock, look and insert (sql/015_sql_api.sql says why this is one row per key). */
   if (db_command(c, "BEGIN", err, sizeof err) != 0 ||
       !(r = db_exec(c, lock, 2, keys, err, sizeof err))) {
     rc = cli_runtime_error(g, "%s", err);

@@ -1,5 +1,5 @@
 /* leash cancel and leash release: the two lifecycle changes an operator makes by hand. The
-   statements are sql/012_sql_api.sql's functions, called through queue.h. */
+   statements are sql/015_sql_api.sql's functions, called through queue.h. */
 #include "commands.h"
 #include "buf.h"
 #include "lifecycle.h"

@@ -1,5 +1,5 @@
 /* leash pause / leash resume: holds on a tenant, a batch or a budget, which claims skip
-   (sql/014_holds.sql). The tasks stay pending; running ones finish. */
+   (sql/013_holds.sql). The tasks stay pending; running ones finish. */
 #include "commands.h"
 #include "lifecycle.h"
 #include "migrate.h"

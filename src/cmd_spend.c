@@ -1,5 +1,5 @@
 /* leash spend: prices per model, spend caps per tenant or batch, and what was spent
-   (sql/015_budgets.sql: <table>_prices, _spend, _usage). */
+   (sql/014_budgets.sql: <table>_prices, _spend, _usage). */
 #include "commands.h"
 #include "lifecycle.h"
 #include "migrate.h"

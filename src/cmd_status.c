@@ -60,7 +60,7 @@ static const char workers_fmt[] =
    batch that started 10 s ago shows its real rate at once. open_total and shown_total are
    over every active batch, before the LIMIT. */
 #define WATCH_MAX_BATCHES 20
-/* Scopes claims skip now (sql/014_holds.sql): kind, scope, seconds left (NULL: until
+/* Scopes claims skip now (sql/013_holds.sql): kind, scope, seconds left (NULL: until
    resumed), reason. %s: the holds table. */
 static const char holds_fmt[] =
   "SELECT kind, scope, round(extract(epoch FROM until - now())::numeric, 1)::text, reason, "
@@ -68,7 +68,7 @@ static const char holds_fmt[] =
   "  FROM %s WHERE until IS NULL OR until > now() "
   " ORDER BY kind, scope COLLATE \"C\", source LIMIT 100";
 
-/* Budgets (sql/015): name, rpm, calls in the window, tpm, tokens in the window, in flight,
+/* Budgets (sql/014): name, rpm, calls in the window, tpm, tokens in the window, in flight,
    seconds paused (NULL: not), window seconds. %s: budgets, budget calls. */
 static const char budgets_fmt[] =
   "SELECT b.name, b.rpm, coalesce(w.n, 0), b.tpm, coalesce(w.tokens, 0), coalesce(w.active, 0), "

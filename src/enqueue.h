@@ -7,7 +7,7 @@
  * (integer 1..1000), "max_crashes" (integer 1..1000: crashes before quarantine) and
  * "priority" (integer -1000..1000, higher first within a tenant's share; the column's CHECK),
  * "dedup_key" (a string: while a task of the tenant with this key is pending or leased,
- * the line is skipped; sql/012_sql_api.sql), "budget" (sql/014), "max_snoozes" (integer
+ * the line is skipped; sql/015_sql_api.sql), "budget" (sql/013), "max_snoozes" (integer
  * 0..10000), "backoff_base" (number 1..1000) and "backoff_cap" (seconds 0..86400; both NULL
  * when left out: the worker's --backoff-base/--backoff-cap).
  * tenant_id, shard_key, batch and dedup_key are 1 to 512 bytes each (lifecycle.h); run_after may

@@ -32,20 +32,20 @@
 #define LIFECYCLE_MAX_TENANT_BYTES 512
 #define LIFECYCLE_MAX_SHARD_BYTES  512
 #define LIFECYCLE_MAX_BATCH_BYTES  512
-#define LIFECYCLE_MAX_BUDGET_BYTES 200   /* sql/014_holds.sql, sql/015_budgets.sql */
-/* A dedup key (sql/012_sql_api.sql's leash_dedup_key_bytes): 1 to this many bytes. */
+#define LIFECYCLE_MAX_BUDGET_BYTES 200   /* sql/013_holds.sql, sql/014_budgets.sql */
+/* A dedup key (sql/015_sql_api.sql's leash_dedup_key_bytes): 1 to this many bytes. */
 #define LIFECYCLE_MAX_DEDUP_KEY_BYTES 512
 #define LIFECYCLE_MAX_MAX_ATTEMPTS 1000
 #define LIFECYCLE_MAX_MAX_CRASHES  1000
 /* Backoff for a retry that names no delay: d = least(CAP, BASE ^ attempts) seconds, then
    jitter: d x (1 - JITTER x u), u uniform in [0, 1). JITTER 0.5 is "equal jitter" (a wait
    in [d/2, d]), 1 "full jitter", 0 none. These are the defaults of `leash run --backoff-base
-   --backoff-cap --backoff-jitter` and of the settle's parameters (sql/013_snooze.sql); a row's
+   --backoff-cap --backoff-jitter` and of the settle's parameters (sql/012_snooze.sql); a row's
    backoff_base and backoff_cap (set at enqueue) beat the run's. */
 #define LIFECYCLE_BACKOFF_BASE 2.0
 #define LIFECYCLE_BACKOFF_CAP_S 3600.0
 #define LIFECYCLE_BACKOFF_JITTER 0.5
-/* Bounds of the above (the columns' CHECKs in 013 say the same for base and cap). */
+/* Bounds of the above (the columns' CHECKs in 012 say the same for base and cap). */
 #define LIFECYCLE_MIN_BACKOFF_BASE 1.0
 #define LIFECYCLE_MAX_BACKOFF_BASE 1000.0
 #define LIFECYCLE_MAX_BACKOFF_CAP_S 86400.0
@@ -68,7 +68,7 @@ const char *lifecycle_cause_name(enum outcome_cause c);
 int lifecycle_cause_is_crash(enum outcome_cause c);
 
 /* The backoff in seconds after the given number of attempts (a retry without a delay) with
-   base, cap and jitter as above and u in [0, 1): the settle's <table>_backoff (013). */
+   base, cap and jitter as above and u in [0, 1): the settle's <table>_backoff (012). */
 double lifecycle_backoff(double base, double cap, int attempts, double jitter, double u);
 
 #endif

@@ -34,7 +34,7 @@ enum outcome_cause {
   CAUSE_BAD_ROW,       /* the row could not be claimed or settled: the database's error */
   CAUSE_BUDGET,        /* it waited for a budget (paused by a provider, or empty) longer than
                           --budget-wait and gave its slot back: a snooze until the wait ends */
-  CAUSE_CANCELLED,     /* `leash cancel` (<table>_cancel, sql/012) ended it: never an outcome of a run */
+  CAUSE_CANCELLED,     /* `leash cancel` (<table>_cancel, sql/015) ended it: never an outcome of a run */
   CAUSE_SNOOZED,       /* handle returned leash.snooze (or leash.retry{spend = false}) */
   CAUSE_SNOOZE_LIMIT,  /* a snooze found max_snoozes reached: a retry (written by the settle) */
   CAUSE_COUNT

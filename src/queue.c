@@ -22,7 +22,7 @@ struct queue {
   char visibility[32];
   double visibility_s;
   /* The run's backoff for retries without a delay (--backoff-base/-cap/-jitter), as the
-     cycle's last three parameters; a row's own backoff_base/backoff_cap beat them (013). */
+     cycle's last three parameters; a row's own backoff_base/backoff_cap beat them (012). */
   char backoff[3][32];
 };
 

@@ -126,7 +126,7 @@ int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t 
 char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
 /* Marks this process's worker id as alive on connection c for as long as that session
-   lasts (<table>_worker_here, sql/012_sql_api.sql; `leash release` refuses a live worker).
+   lasts (<table>_worker_here, sql/015_sql_api.sql; `leash release` refuses a live worker).
    The lease thread calls it after each connect. 0, or -1 with err. */
 int queue_announce(struct queue *q, PGconn *c, const struct db_table *t, char *err,
                    size_t errlen);
@@ -156,7 +156,7 @@ int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
    when out of memory. */
 char *queue_insert_sql(const char *table, const char *source);
 
-/* Dedup keys (sql/012_sql_api.sql): enqueuers of one (tenant, key) serialise on
+/* Dedup keys (sql/015_sql_api.sql): enqueuers of one (tenant, key) serialise on
    <table>_dedup_lock, then look, then insert, in one transaction.
    queue_dedup_lock_sql: the locks for the keys of `keys`, a SELECT with columns tenant_id
    (NULL: the default tenant) and dedup_key (NULL rows ignored), taken in key order so two

@@ -341,7 +341,7 @@ static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
     }
     /* The fields are the script's to change after leash.retry made them: read each with
        its type checked, nothing converted. A snooze is a retry that gives its attempt back
-       (the settle decides whether the row has a snooze left, sql/013). */
+       (the settle decides whether the row has a snooze left, sql/012). */
     enum outcome_kind k = strcmp(kind, "retry") == 0    ? OUTCOME_RETRY
                           : strcmp(kind, "snooze") == 0 ? OUTCOME_SNOOZE
                                                         : OUTCOME_FATAL;

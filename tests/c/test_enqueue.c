@@ -120,7 +120,7 @@ static void priority_is_a_whole_number_within_the_column_bounds(void)
   CHECK(strstr(err, "max_crashes, priority, dedup_key, budget, max_snoozes, backoff_base, backoff_cap)") != NULL);
 }
 
-/* dedup_key (sql/012): a non-empty string of at most 512 bytes, or absent. */
+/* dedup_key (sql/015): a non-empty string of at most 512 bytes, or absent. */
 static void dedup_key_is_a_non_empty_string_within_its_bound(void)
 {
   char err[256], line[1200];
@@ -142,7 +142,7 @@ static void dedup_key_is_a_non_empty_string_within_its_bound(void)
 }
 
 
-/* The snooze bound and the per-task backoff (sql/013's CHECKs): in-bounds values pass, the
+/* The snooze bound and the per-task backoff (sql/012's CHECKs): in-bounds values pass, the
    classes out of bounds (below, above, a fraction where a whole number is due, the wrong
    type) are refused each with the field's own message; --backoff-base's text check refuses
    what strtod would take but is no plain number. */

@@ -126,7 +126,7 @@ static void check_ok_line(const char *line, size_t len, const char *run_after)
     double d = json_number_value(pr);
     FUZZ_CHECK(json_is_number(pr) && d >= -1000 && d <= 1000 && d == floor(d));
   }
-  /* sql/013's CHECKs */
+  /* sql/012's CHECKs */
   ms = json_object_get(o, "max_snoozes");
   if (ms != NULL) {
     double d = json_number_value(ms);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Holds (sql/014_holds.sql): leash pause / resume of a tenant, a batch or a budget. Claims
+# Holds (sql/013_holds.sql): leash pause / resume of a tenant, a batch or a budget. Claims
 # skip held tasks (several processes at once), never lease one, keep lanes in order across a
 # pause, and pay nothing for parked work (measured on the index claims read). The fixture is
 # the scheduler's (tests/fixtures/scheduler/record.lua: one execs row per execution).

@@ -184,7 +184,7 @@ case_long_task_keeps_its_lease() {
 }
 
 # 6. Backoff 2^attempts s after a retry without delay, equal jitter by default (a wait in
-# [d/2, d], sql/013); attempts exhausted -> dead; fatal ->
+# [d/2, d], sql/012); attempts exhausted -> dead; fatal ->
 # dead at once; a raised error is a retry whose last_error holds the message and traceback.
 case_backoff_dead_and_fatal() {
   run_setup
@@ -576,7 +576,7 @@ SELECT 'done rows: ' || count(*) FROM agent_work_queue WHERE status = 'done';
 SQL
   ) || fail "the cycle failed: $out"
   assert_contains "the settle applied" "$out" "done rows: 1"
-  # Since 011 the claim reads heads only (heads_ready_idx since 014): never claim_idx, whose rows include
+  # Since 011 the claim reads heads only (heads_ready_idx since 013): never claim_idx, whose rows include
   # every pending row parked behind a busy shard.
   assert_contains "the claim walks heads_ready_idx" "$out" "Index Scan using agent_work_queue_heads_ready_idx"
   # (The queue table itself: a scan of a side table of a few rows, the holds, is fine.)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Snooze and backoff (issue #15, item 1; sql/013_snooze.sql, README "Snooze and backoff"):
+# Snooze and backoff (issue #15, item 1; sql/012_snooze.sql, README "Snooze and backoff"):
 # a snooze puts a task back to pending after its delay without spending an attempt, bounded
 # by max_snoozes (then it is a retry, and dead once attempts run out, cause snooze_limit);
 # bad snooze delays are the script's error; a retry's backoff is jittered and its base and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SQL API (issue #17, sql/012_sql_api.sql): plain INSERT with the CLI's defaults,
+# The SQL API (issue #17, sql/015_sql_api.sql): plain INSERT with the CLI's defaults,
 # <table>_enqueue and _enqueue_many, dedup keys (several processes at once), `leash cancel`
 # of pending and running tasks (a worker and the cancelling CLI), `leash release` of a gone
 # worker's leases, the enqueue examples in Python and Node, and the cause `cancelled` in
@@ -428,7 +428,7 @@ case_the_cancelled_cause_agrees_in_lifecycle_c_the_kit_and_the_sql() {
   kit=$(LUA_PATH="$LEASH_SRC/scripts/lib/?.lua;;" lua5.4 -e \
     'print(table.concat(require("leash.testing").CAUSES, ","))')
   assert_eq "the kit's CAUSES against src/lifecycle.c's table" "$kit" "$c"
-  assert_contains "sql/012 writes the same word" "$(<"$LEASH_SRC/sql/012_sql_api.sql")" "last_cause = 'cancelled'"
+  assert_contains "sql/015 writes the same word" "$(<"$LEASH_SRC/sql/015_sql_api.sql")" "last_cause = 'cancelled'"
 }
 
 # ----------------------------------------------------------------------- examples

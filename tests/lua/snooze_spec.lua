@@ -1,5 +1,5 @@
 -- leash.testing's snooze and backoff (issue #15, item 1): a script author's 429 path under
--- busted. The kit must say what the host does (sql/013_snooze.sql); lifecycle.sh compares
+-- busted. The kit must say what the host does (sql/012_snooze.sql); lifecycle.sh compares
 -- the two on real rows.
 local testing = require "leash.testing"
 

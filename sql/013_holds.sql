@@ -186,7 +186,7 @@ DECLARE
   due float8;
   held_any boolean;
 BEGIN
-  -- Holds (014): expired ones are lifted first, by one claimer at a time (try-only).
+  -- Holds (013): expired ones are lifted first, by one claimer at a time (try-only).
   held_any := EXISTS (SELECT 1 FROM {{obj:holds}});
   IF held_any AND EXISTS (SELECT 1 FROM {{obj:holds}} x WHERE x.until <= now())
      AND pg_try_advisory_xact_lock(rel::int, 0) THEN

@@ -92,7 +92,9 @@ $$;
 CREATE FUNCTION {{obj:enqueue_check}}(p_payload jsonb, p_tenant text, p_shard text,
                                       p_run_after timestamptz, p_delay_s float8,
                                       p_max_attempts int, p_batch text, p_priority int,
-                                      p_dedup_key text, p_max_crashes int) RETURNS text
+                                      p_dedup_key text, p_max_crashes int, p_budget text,
+                                      p_max_snoozes int, p_backoff_base float8,
+                                      p_backoff_cap float8) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
   SELECT CASE
     WHEN p_payload IS NULL OR jsonb_typeof(p_payload) = 'null' THEN 'payload must not be null'
@@ -113,6 +115,13 @@ LANGUAGE sql IMMUTABLE AS $$
     THEN 'max_crashes must be from 1 to 1000, not ' || p_max_crashes
     WHEN p_priority NOT BETWEEN -1000 AND 1000
     THEN 'priority must be from -1000 to 1000, not ' || p_priority
+    WHEN p_budget = '' OR octet_length(p_budget) > 200 THEN 'budget must be 1 to 200 bytes'
+    WHEN p_max_snoozes NOT BETWEEN 0 AND 10000
+    THEN 'max_snoozes must be from 0 to 10000, not ' || p_max_snoozes
+    WHEN p_backoff_base IS NOT NULL AND NOT (p_backoff_base >= 1 AND p_backoff_base <= 1000)
+    THEN 'backoff_base must be from 1 to 1000, not ' || p_backoff_base
+    WHEN p_backoff_cap IS NOT NULL AND NOT (p_backoff_cap >= 0 AND p_backoff_cap <= 86400)
+    THEN 'backoff_cap must be a number of seconds from 0 to 86400, not ' || p_backoff_cap
   END
 $$;
 
@@ -122,7 +131,9 @@ $$;
 CREATE FUNCTION {{obj:enqueue_row}}(p_payload jsonb, p_tenant text, p_shard text,
                                     p_run_after timestamptz, p_delay_s float8,
                                     p_max_attempts int, p_batch text, p_priority int,
-                                    p_dedup_key text, p_max_crashes int,
+                                    p_dedup_key text, p_max_crashes int, p_budget text,
+                                    p_max_snoozes int, p_backoff_base float8,
+                                    p_backoff_cap float8,
                                     OUT id bigint, OUT inserted boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -133,7 +144,8 @@ DECLARE
   v_id bigint;
   bad text := {{obj:enqueue_check}}(p_payload, v_tenant, p_shard, p_run_after, p_delay_s,
                                     p_max_attempts, p_batch, p_priority, p_dedup_key,
-                                    p_max_crashes);
+                                    p_max_crashes, p_budget, p_max_snoozes, p_backoff_base,
+                                    p_backoff_cap);
 BEGIN
   IF bad IS NOT NULL THEN
     RAISE EXCEPTION 'enqueue: %', bad USING ERRCODE = 'invalid_parameter_value';
@@ -151,11 +163,13 @@ BEGIN
     END IF;
   END IF;
   INSERT INTO {{table}} (tenant_id, shard_key, payload, run_after, max_attempts, batch,
-                         max_crashes, priority, dedup_key)
+                         max_crashes, priority, dedup_key, budget, max_snoozes, backoff_base,
+                         backoff_cap)
   VALUES (v_tenant, p_shard, p_payload,
           coalesce(p_run_after, now() + make_interval(secs => coalesce(p_delay_s, 0))),
           coalesce(p_max_attempts, 8), p_batch, coalesce(p_max_crashes, 3),
-          coalesce(p_priority, 0), p_dedup_key)
+          coalesce(p_priority, 0), p_dedup_key, p_budget, coalesce(p_max_snoozes, 100),
+          p_backoff_base, p_backoff_cap)
   RETURNING {{table}}.id INTO id;
   inserted := true;
 END $$;
@@ -165,15 +179,19 @@ CREATE FUNCTION {{obj:enqueue}}(payload jsonb, tenant text DEFAULT NULL,
                                 shard text DEFAULT NULL, run_after timestamptz DEFAULT NULL,
                                 delay_s float8 DEFAULT NULL, max_attempts int DEFAULT NULL,
                                 batch text DEFAULT NULL, priority int DEFAULT NULL,
-                                dedup_key text DEFAULT NULL, max_crashes int DEFAULT NULL)
+                                dedup_key text DEFAULT NULL, max_crashes int DEFAULT NULL,
+                                budget text DEFAULT NULL, max_snoozes int DEFAULT NULL,
+                                backoff_base float8 DEFAULT NULL,
+                                backoff_cap float8 DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql AS $$
-  SELECT e.id FROM {{obj:enqueue_row}}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) e
+  SELECT e.id FROM {{obj:enqueue_row}}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                                       $14) e
 $$;
 
 -- Many tasks: a JSON array of objects with the fields of a `leash enqueue --file` line
 -- (payload, tenant_id, shard_key, batch, run_after, delay, max_attempts, max_crashes,
--- priority, dedup_key). Rows: (ordinal from 1, id, inserted). A key repeated within the
+-- priority, dedup_key, budget, max_snoozes, backoff_base, backoff_cap). Rows: (ordinal from 1, id, inserted). A key repeated within the
 -- array is one task (the first element's; the later ones answer its id, inserted false).
 -- Every element is checked before anything is written; the dedup locks are then taken in
 -- key order, so two bulk calls cannot deadlock.
@@ -196,20 +214,22 @@ BEGIN
       bad := 'not a JSON object';
     ELSE
       SELECT CASE WHEN k <> ALL ('{payload,tenant_id,shard_key,batch,run_after,delay,'
-                                 'max_attempts,max_crashes,priority,dedup_key}'::text[])
+                                 'max_attempts,max_crashes,priority,dedup_key,budget,'
+                                 'max_snoozes,backoff_base,backoff_cap}'::text[])
                   THEN format('unknown field "%s"', k)
                   WHEN k IN ('tenant_id', 'shard_key', 'run_after', 'dedup_key')
                        AND jsonb_typeof(e->k) <> 'string'
                   THEN format('"%s" must be a string', k)
-                  WHEN k = 'batch' AND jsonb_typeof(e->k) NOT IN ('string', 'null')
-                  THEN '"batch" must be a string or null'
-                  WHEN k IN ('delay', 'max_attempts', 'max_crashes', 'priority')
+                  WHEN k IN ('batch', 'budget') AND jsonb_typeof(e->k) NOT IN ('string', 'null')
+                  THEN format('"%s" must be a string or null', k)
+                  WHEN k IN ('delay', 'max_attempts', 'max_crashes', 'priority', 'max_snoozes',
+                             'backoff_base', 'backoff_cap')
                        AND jsonb_typeof(e->k) <> 'number'
                   THEN format('"%s" must be a number', k)
-                  WHEN k IN ('max_attempts', 'max_crashes', 'priority')
+                  WHEN k IN ('max_attempts', 'max_crashes', 'priority', 'max_snoozes')
                        AND (e->>k)::numeric <> trunc((e->>k)::numeric)
                   THEN format('"%s" must be a whole number', k)
-                  WHEN k IN ('max_attempts', 'max_crashes', 'priority')
+                  WHEN k IN ('max_attempts', 'max_crashes', 'priority', 'max_snoozes')
                        AND abs((e->>k)::numeric) > 1000000
                   THEN format('"%s" is out of range', k) END
         INTO bad FROM jsonb_object_keys(e) AS k
@@ -231,7 +251,9 @@ BEGIN
                                    e->>'shard_key', (e->>'run_after')::timestamptz,
                                    (e->>'delay')::float8, (e->>'max_attempts')::numeric::int,
                                    e->>'batch', (e->>'priority')::numeric::int,
-                                   e->>'dedup_key', (e->>'max_crashes')::numeric::int);
+                                   e->>'dedup_key', (e->>'max_crashes')::numeric::int,
+                                   e->>'budget', (e->>'max_snoozes')::numeric::int,
+                                   (e->>'backoff_base')::float8, (e->>'backoff_cap')::float8);
     END IF;
     IF bad IS NOT NULL THEN
       RAISE EXCEPTION 'enqueue_many: element %: %; nothing was enqueued', n, bad
@@ -260,13 +282,16 @@ BEGIN
       FROM drawn d
   ), ins AS (
     INSERT INTO {{table}} (id, tenant_id, shard_key, payload, run_after, max_attempts, batch,
-                           max_crashes, priority, dedup_key)
+                           max_crashes, priority, dedup_key, budget, max_snoozes,
+                           backoff_base, backoff_cap)
     SELECT s.nid, s.tenant, coalesce(s.e->>'shard_key', 'task:' || s.nid), s.e->'payload',
            coalesce((s.e->>'run_after')::timestamptz,
                     now() + make_interval(secs => coalesce((s.e->>'delay')::float8, 0))),
            coalesce((s.e->>'max_attempts')::numeric::int, 8), s.e->>'batch',
            coalesce((s.e->>'max_crashes')::numeric::int, 3),
-           coalesce((s.e->>'priority')::numeric::int, 0), s.dkey
+           coalesce((s.e->>'priority')::numeric::int, 0), s.dkey, s.e->>'budget',
+           coalesce((s.e->>'max_snoozes')::numeric::int, 100), (s.e->>'backoff_base')::float8,
+           (s.e->>'backoff_cap')::float8
       FROM src s
      WHERE s.dkey IS NULL
         OR (s.dn = 1 AND NOT EXISTS (SELECT 1 FROM {{table}} o

@@ -24,7 +24,7 @@
 --
 -- Pauses. A 429 or 503 on a budgeted call (or leash.budget.pause, or `leash budget pause`)
 -- sets paused_until for every process: no call of the budget is granted before it, and
--- tasks that carry the budget (their `budget` column) are held (014): claims skip them until
+-- tasks that carry the budget (their `budget` column) are held (013): claims skip them until
 -- then, so they wait without a slot. The
 -- first refusal of a pause also halves the budget's effective concurrency (aimd: what was
 -- in flight, halved, at least 1); every success after it adds 1/aimd, so concurrency grows
@@ -35,7 +35,7 @@
 -- call's usage into cost when its answer (or leash.usage) names the model and splits input
 -- from output. Every settled call's usage is a row of <table>_usage (task, attempt, tenant,
 -- batch, budget, model, tokens, cost), and its cost is added to its tenant's and its batch's
--- row of <table>_spend. A scope whose spend reaches its cap is held (014, source 'spend'):
+-- row of <table>_spend. A scope whose spend reaches its cap is held (013, source 'spend'):
 -- claims stop taking its tasks; raising or dropping the cap (`leash spend cap`) lifts it.
 -- Tasks already running finish, so a cap can be passed by what they spend.
 
@@ -279,7 +279,7 @@ BEGIN
            updated_at = now()
      WHERE x.name = p_name
     RETURNING x.paused_until INTO until;
-    -- Claims skip the tasks that carry the budget until then (014).
+    -- Claims skip the tasks that carry the budget until then (013).
     PERFORM {{obj:hold}}('budget', p_name, 'provider', until,
                          left(coalesce(p_reason, 'paused'), 500));
   ELSE
