@@ -2,10 +2,12 @@
 # The main job, on an embedded default: a nightly ticket-grading batch.
 #
 # Installs what is missing, builds, starts a throwaway PostgreSQL and a local mock LLM
-# endpoint (latency, occasional 429 with Retry-After, 500 and malformed answers: no
-# internet), creates a tickets table, enqueues one grading task per ticket as batch
-# nightly-YYYY-MM-DD, runs two worker processes with scripts/grade_ticket.lua and
-# --until-empty while `leash status --watch` shows progress, and ends with the batch report.
+# endpoint (latency, a rate limit of 1,200 requests a minute for all clients with 429 and
+# Retry-After past it, occasional 500 and malformed answers: no internet), creates a tickets
+# table, sets a budget "llm" of the same limit, enqueues one grading task per ticket as batch
+# nightly-YYYY-MM-DD under that budget, runs two worker processes with
+# scripts/grade_ticket.lua and --until-empty while `leash status --watch` shows progress, and
+# ends with the batch report and the budget.
 # Everything it started is stopped and removed on exit.
 #
 #   scripts/demo.sh                    # 3,000 tickets
@@ -41,7 +43,7 @@ trap cleanup EXIT
 DATABASE_URL=$(scripts/pg.sh newdb leash_demo)
 export DATABASE_URL
 
-python3 scripts/mock_llm.py --port 0 --latency-ms 20-120 --rate-429 0.03 --rate-500 0.02 \
+python3 scripts/mock_llm.py --port 0 --latency-ms 20-120 --rpm 1200 --rate-500 0.02 \
   --rate-malformed 0.01 --faults-max-per-prompt 2 --seed 7 --idle-exit 300 \
   >"$work/mock.out" 2>"$work/mock.log" &
 pids+=($!)
@@ -72,13 +74,17 @@ SELECT i, (ARRAY['Export fails', 'Login loop', 'Invoice wrong', 'Slow dashboard'
   FROM generate_series(1, $TICKETS) i;
 SQL
 
+printf '\n==> a budget for the provider, shared by every worker: the mock'"'"'s own limit\n'
+$LEASH budget set llm --rpm 1200
+
 BATCH="nightly-$(date +%F)"
 printf '\n==> enqueueing one grading task per ticket as batch %s\n' "$BATCH"
 psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -v url="$llm_url" -f - <<'SQL' |
-SELECT json_build_object('payload', json_build_object('ticket_id', id, 'llm_url', :'url'))
+SELECT json_build_object('payload', json_build_object('ticket_id', id, 'llm_url', :'url',
+                                                      'budget', 'llm'))
   FROM tickets ORDER BY id;
 SQL
-  $LEASH enqueue --file - --batch "$BATCH" --tenant support
+  $LEASH enqueue --file - --batch "$BATCH" --tenant support --budget llm
 
 printf '\n==> two workers, %d slots each, until the batch has settled\n' "$SLOTS"
 for w in 1 2; do
@@ -91,6 +97,8 @@ for p in "${pids[@]:1}"; do wait "$p"; done
 
 printf '\n==> leash report --batch %s\n' "$BATCH"
 $LEASH report --batch "$BATCH"
+printf '\n==> leash budget show llm (a 429 pauses it for both workers; no attempt is spent)\n'
+$LEASH budget show llm
 printf '\n==> the same totals, counted directly\n'
 psql -X -A -t -q -d "$DATABASE_URL" -v batch="$BATCH" -f - <<'SQL'
 SELECT format('sql        done %s, dead %s, pending %s, leased %s',

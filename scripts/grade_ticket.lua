@@ -58,6 +58,9 @@ local function handle(task)
   if type(url) ~= "string" or type(model) ~= "string" then
     return leash.fatal("payload.llm_url and payload.model must be strings")
   end
+  if p.budget ~= nil and type(p.budget) ~= "string" then
+    return leash.fatal("payload.budget must be a budget's name (a string)")
+  end
 
   local rows = leash.db.query("SELECT id, subject, body FROM tickets WHERE id = $1", id)
   local ticket = rows[1]
@@ -74,7 +77,7 @@ local function handle(task)
       local v, usage = llm.chat_json(url, {
         { role = "system", content = SYSTEM },
         { role = "user", content = "Ticket #" .. id .. "\nSubject: " .. subject .. "\n\n" .. body },
-      }, { model = model })
+      }, { model = model, budget = p.budget, tokens = p.budget and 600 })
       local grade, why = check_answer(v)
       if not grade then error(llm.failure("malformed", "model answer unusable: " .. why)) end
       return { grade = grade, reason = v.reason or "", model = model,

@@ -4,8 +4,11 @@
 ---
 --- Every call either returns the answer or raises. A raise that the endpoint caused is an
 --- llm.failure { kind, message, delay }:
----   kind "retry"      429 (delay = Retry-After seconds, when given), 5xx, 408/409/425,
----                     a body that is not JSON: worth another attempt;
+---   kind "snooze"     429 (delay = Retry-After seconds, 5 when not given): the provider is
+---                     busy, not the task wrong: come back without spending an attempt
+---                     (a call made with opts.budget never sees a 429: the host pauses the
+---                     budget for the fleet and sends the call again, or snoozes the task);
+---   kind "retry"      5xx, 408/409/425, a body that is not JSON: worth another attempt;
 ---   kind "malformed"  the model answered, but not what was asked (content not JSON, a field
 ---                     missing or out of range): worth another attempt, up to a limit;
 ---   kind "fatal"      any other 4xx (the request itself is wrong): retrying cannot help.
@@ -44,10 +47,11 @@ function llm.call(fn, ...)
   error(res[2], 0)
 end
 
---- The outcome for a failure: fatal for kind "fatal", else a retry (with the server's
---- delay when it named one).
+--- The outcome for a failure: fatal for kind "fatal", a snooze for "snooze" (the attempt
+--- given back), else a retry (with the server's delay when it named one).
 function llm.outcome(f)
   if f.kind == "fatal" then return leash.fatal(f.message) end
+  if f.kind == "snooze" then return leash.snooze(f.delay or 5, f.message) end
   return leash.retry(f.message, f.delay)
 end
 
@@ -58,6 +62,8 @@ local function snippet(s)
 end
 
 --- POSTs body (a table, sent as JSON) to url; returns the decoded JSON answer of a 2xx.
+--- opts: api_key, timeout, budget and tokens (leash.http.request's: the call is granted by
+--- that budget, shared by the fleet; README "Budgets").
 function llm.post_json(url, body, opts)
   opts = opts or {}
   local headers = { ["Content-Type"] = "application/json", Accept = "application/json" }
@@ -65,10 +71,11 @@ function llm.post_json(url, body, opts)
   local resp = leash.http.request{
     method = "POST", url = url, headers = headers,
     body = leash.json.encode(body), timeout = opts.timeout or 60,
+    budget = opts.budget, tokens = opts.tokens,
   }
   local s = resp.status
   if s == 429 then
-    error(llm.failure("retry", "rate limited (429)", tonumber(resp.headers["retry-after"])))
+    error(llm.failure("snooze", "rate limited (429)", tonumber(resp.headers["retry-after"])))
   end
   if s >= 500 or s == 408 or s == 409 or s == 425 then
     error(llm.failure("retry", ("server error (%d): %s"):format(s, snippet(resp.body))))

@@ -158,9 +158,9 @@ describe("backfill_embeddings.lua", function()
     assert.equal(1, #h.enqueued)
   end)
 
-  it("retries 429 after Retry-After, 5xx and malformed answers; a 4xx is fatal", function()
+  it("snoozes a 429 for Retry-After, retries 5xx and malformed answers; a 4xx is fatal", function()
     local cases = {
-      { { status = 429, headers = { ["Retry-After"] = "1" }, body = "" }, "retry", 1 },
+      { { status = 429, headers = { ["Retry-After"] = "1" }, body = "" }, "snooze", 1 },
       { { status = 502, body = "bad gateway" }, "retry" },
       { { status = 200, body = '{"data":[{"index":0,"embedding":[0.1]}]}' }, "retry" },  -- 1 of 2
       { { status = 200, body = '{"data":[{"index":0,"embedding":[]},{"index":1,"embedding":[1]}]}' }, "retry" },

@@ -84,21 +84,21 @@ describe("grade_ticket.lua", function()
     end
   end)
 
-  it("retries a 429 after the server's Retry-After, paying nothing and storing no step", function()
+  it("snoozes a 429 for the server's Retry-After, paying nothing and storing no step", function()
     answers = { chat("", 429, { ["Retry-After"] = "7" }) }
     local out = run()
-    assert.equal("retry", out.status)
+    assert.equal("snooze", out.status)
     assert.equal(7, out.delay)
     assert.truthy(out.error:find("429", 1, true))
     assert.is_nil(h.steps.grade)
     assert.equal(0, #graded)
   end)
 
-  it("retries a 429 without Retry-After with the normal backoff", function()
+  it("snoozes a 429 without Retry-After for 5 s", function()
     answers = { { status = 429, body = "slow down" } }
     local out = run()
-    assert.equal("retry", out.status)
-    assert.is_nil(out.delay)
+    assert.equal("snooze", out.status)
+    assert.equal(5, out.delay)
   end)
 
   it("retries a 5xx", function()
@@ -190,9 +190,10 @@ describe("grade_ticket.lua", function()
     local t0 = h.clock
     local out = h:settle({ payload = { ticket_id = 42 } })
     assert.equal("done", out.status)
-    assert.same({ "retry", "retry", "done" },
+    assert.same({ "snooze", "retry", "done" },
                 { out.history[1].status, out.history[2].status, out.history[3].status })
-    assert.equal(t0 + 1 + 4, h.clock)    -- Retry-After 1, then the backoff 2^2
+    assert.equal(2, out.attempt)          -- the 429 spent no attempt
+    assert.equal(t0 + 1 + 2, h.clock)    -- Retry-After 1, then the backoff 2^1
   end)
 
   it("writes nothing when the lease is lost during the call", function()

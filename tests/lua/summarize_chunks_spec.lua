@@ -197,10 +197,10 @@ describe("summarize_chunks.lua with an LLM endpoint", function()
     assert.equal("chunk 3 of d: alpha beta gamma delta epsilon zeta eta theta iota", sent.messages[2].content)
   end)
 
-  it("retries a 429 with the server's delay and a 5xx with the backoff", function()
+  it("snoozes a 429 for the server's delay and retries a 5xx with the backoff", function()
     answers = { chat("", 429, { ["Retry-After"] = "2" }), { status = 500 } }
     local out = h:run(map_task("d", 1, nil, { llm_url = URL }))
-    assert.equal("retry", out.status)
+    assert.equal("snooze", out.status)
     assert.equal(2, out.delay)
     out = h:run(map_task("d", 1, nil, { llm_url = URL }))
     assert.equal("retry", out.status)
