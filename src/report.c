@@ -10,7 +10,8 @@
 
 /* Dead tasks are also counted by last_cause (quarantined, bad_row, script_error, ...;
    'unknown' for rows settled before 010), and crashes are summed over the scope.
-   %s is the queue table, then REPORT_EXAMPLE_IDS and REPORT_TOP_REASONS. $1 tenants (text[] or NULL), $2 batch, $3 the table's quoted name
+   %s is the queue table, then REPORT_EXAMPLE_IDS and REPORT_TOP_REASONS, then the usage
+   table (sql/014: tokens and cost of budgeted calls, by budget and model). $1 tenants (text[] or NULL), $2 batch, $3 the table's quoted name
    (for regclass). Built as JSON by PostgreSQL so that C only formats it. Dead reasons are
    grouped by the first line of last_error (a Lua traceback's first line names the place
    and the message), cut at 200 characters. Durations are those of done tasks' last attempt:
@@ -105,7 +106,17 @@ static const char report_fmt[] =
   "  'pickup_wait_s', json_build_object('count', a.pw_n, 'p50', a.pw50, 'p95', a.pw95,"
   "                                     'max', a.pwmax),"
   "  'start_wait_s', json_build_object('count', a.sw_n, 'p50', a.sw50, 'p95', a.sw95,"
-  "                                    'max', a.swmax)"
+  "                                    'max', a.swmax),"
+  "  'usage', (SELECT coalesce(json_agg(json_build_object('budget', k.budget, 'model', k.model,"
+  "                              'calls', k.calls, 'input_tokens', k.i, 'output_tokens', k.o,"
+  "                              'tokens', k.t, 'cost', round(k.c, 6))"
+  "                            ORDER BY k.budget COLLATE \"C\", k.model COLLATE \"C\"), '[]')"
+  "              FROM (SELECT u.budget, u.model, count(*) AS calls, sum(u.input_tokens) AS i,"
+  "                           sum(u.output_tokens) AS o, sum(u.tokens) AS t, sum(u.cost) AS c"
+  "                      FROM %s u"
+  "                     WHERE ($1::text[] IS NULL OR u.tenant_id = ANY ($1::text[]))"
+  "                       AND ($2::text IS NULL OR u.batch = $2::text)"
+  "                     GROUP BY u.budget, u.model) k)"
   ")::text FROM a";
 
 static void print_text(const json_t *r, FILE *out);
@@ -115,8 +126,15 @@ static void print_seconds(FILE *out, const char *label, const json_t *v);
 int report_print(PGconn *c, const struct db_table *t, const char *tenants, const char *batch,
                  int as_json, FILE *out, char *err, size_t errlen)
 {
-  char sql[sizeof report_fmt + 256];
-  snprintf(sql, sizeof sql, report_fmt, t->qualified, REPORT_EXAMPLE_IDS, REPORT_TOP_REASONS);
+  char sql[sizeof report_fmt + 1024];
+  char *usage = db_table_object(t, c, "usage", 1);
+  if (!usage) {
+    snprintf(err, errlen, "report: out of memory");
+    return -1;
+  }
+  snprintf(sql, sizeof sql, report_fmt, t->qualified, REPORT_EXAMPLE_IDS, REPORT_TOP_REASONS,
+           usage);
+  free(usage);
   const char *params[] = { tenants, batch, t->qualified };
   PGresult *res = db_exec(c, sql, 3, params, err, errlen);
   if (!res)
@@ -259,6 +277,24 @@ static void print_text(const json_t *r, FILE *out)
             json_string_value(json_object_get(r, "last_finish_at")));
   } else {
     fprintf(out, "wall       - (nothing claimed and finished yet)\n");
+  }
+
+  json_t *use = json_object_get(r, "usage"), *u;
+  size_t k;
+  json_array_foreach(use, k, u) {
+    const char *model = json_string_value(json_object_get(u, "model"));
+    json_t *cost = json_object_get(u, "cost");
+    char line[600], costs[40] = "no price";
+    if (json_is_number(cost))
+      snprintf(costs, sizeof costs, "cost %.4f", json_number_value(cost));
+    snprintf(line, sizeof line, "%s %s/%s: %lld calls, %lld tokens, %s\n",
+             k ? "          " : "usage     ", json_string_value(json_object_get(u, "budget")),
+             model ? model : "-", (long long)get_int(u, "calls"), (long long)get_int(u, "tokens"),
+             costs);
+    for (char *p = line; *p && p[1]; p++)   /* names cannot forge a line */
+      if ((unsigned char)*p < 0x20 || *p == 0x7f)
+        *p = '?';
+    fputs(line, out);
   }
 
   const json_t *reasons = json_object_get(r, "dead_reasons");

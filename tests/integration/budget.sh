@@ -309,6 +309,8 @@ case_a_spend_cap_stops_its_batch_and_raising_it_resumes() {
   expect_exit 0 "$LEASH" spend cap --batch capped 100000
   wait_for "the batch to resume" 60 q_true \
     "select count(*) = 0 from agent_work_queue where batch = 'capped' and status <> 'done'"
+  expect_exit 0 "$LEASH" report --batch capped
+  assert_contains "report sums the batch's usage" "$(<"$T_OUT")" "usage      llm/m: 12 calls"
   expect_exit 0 "$LEASH" spend show --json
   assert_contains "show has the tenant's spend" "$(<"$T_OUT")" '"kind":"tenant","scope":"default"'
   assert_contains "show has the usage by model" "$(<"$T_OUT")" '"budget":"llm","model":"m"'

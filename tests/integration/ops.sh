@@ -292,7 +292,7 @@ case_report_numbers_are_right() {
 
   expect_exit 0 "$LEASH" report --batch r --json
   assert_eq "report --json" "$(<"$T_OUT")" \
-    '{"table":"agent_work_queue","tenants":null,"batch":"r","counts":{"pending":0,"leased":0,"done":20,"dead":5},"total":25,"settled":true,"attempts":{"1":17,"2":4,"3":1,"8":3},"retries":27,"retried_tasks":8,"crashes":10,"crashed_tasks":4,"dead_causes":{"quarantined":3,"returned":2},"duration_s":{"count":20,"p50":10,"p95":19,"max":20},"dead_reasons":[{"reason":"rate limited","count":3,"example_ids":[21,22,23]},{"reason":"bad input","count":2,"example_ids":[24,25]}],"dead_reasons_total":2,"first_claim_at":"2026-01-01T00:00:01.000000Z","last_finish_at":"2026-01-01T00:02:10.000000Z","wall_s":129,"pickup_wait_s":{"count":0,"p50":null,"p95":null,"max":null},"start_wait_s":{"count":0,"p50":null,"p95":null,"max":null}}'
+    '{"table":"agent_work_queue","tenants":null,"batch":"r","counts":{"pending":0,"leased":0,"done":20,"dead":5},"total":25,"settled":true,"attempts":{"1":17,"2":4,"3":1,"8":3},"retries":27,"retried_tasks":8,"crashes":10,"crashed_tasks":4,"dead_causes":{"quarantined":3,"returned":2},"duration_s":{"count":20,"p50":10,"p95":19,"max":20},"dead_reasons":[{"reason":"rate limited","count":3,"example_ids":[21,22,23]},{"reason":"bad input","count":2,"example_ids":[24,25]}],"dead_reasons_total":2,"first_claim_at":"2026-01-01T00:00:01.000000Z","last_finish_at":"2026-01-01T00:02:10.000000Z","wall_s":129,"pickup_wait_s":{"count":0,"p50":null,"p95":null,"max":null},"start_wait_s":{"count":0,"p50":null,"p95":null,"max":null},"usage":[]}'
 
   expect_exit 0 "$LEASH" report --batch r
   local out
@@ -327,7 +327,7 @@ case_report_numbers_are_right() {
   # An empty scope is a report of zeros, not an error.
   expect_exit 0 "$LEASH" report --batch nothing --json
   assert_eq "empty scope" "$(<"$T_OUT")" \
-    '{"table":"agent_work_queue","tenants":null,"batch":"nothing","counts":{"pending":0,"leased":0,"done":0,"dead":0},"total":0,"settled":true,"attempts":{},"retries":0,"retried_tasks":0,"crashes":0,"crashed_tasks":0,"dead_causes":{},"duration_s":{"count":0,"p50":null,"p95":null,"max":null},"dead_reasons":[],"dead_reasons_total":0,"first_claim_at":null,"last_finish_at":null,"wall_s":null,"pickup_wait_s":{"count":0,"p50":null,"p95":null,"max":null},"start_wait_s":{"count":0,"p50":null,"p95":null,"max":null}}'
+    '{"table":"agent_work_queue","tenants":null,"batch":"nothing","counts":{"pending":0,"leased":0,"done":0,"dead":0},"total":0,"settled":true,"attempts":{},"retries":0,"retried_tasks":0,"crashes":0,"crashed_tasks":0,"dead_causes":{},"duration_s":{"count":0,"p50":null,"p95":null,"max":null},"dead_reasons":[],"dead_reasons_total":0,"first_claim_at":null,"last_finish_at":null,"wall_s":null,"pickup_wait_s":{"count":0,"p50":null,"p95":null,"max":null},"start_wait_s":{"count":0,"p50":null,"p95":null,"max":null},"usage":[]}'
   expect_exit 2 "$LEASH" report extra
 }
 
