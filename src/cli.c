@@ -510,3 +510,14 @@ static void print_version(void)
   printf("libpq %d.%d, %s, jansson %s, libcurl %s, libmicrohttpd %s\n", pq / 10000, pq % 100,
          LUA_RELEASE, jansson_version_str(), curl->version, MHD_get_version());
 }
+
+int cli_print_json(const struct cli *g, json_t *o)
+{
+  char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(12));
+  json_decref(o);
+  if (!s)
+    return cli_runtime_error(g, "out of memory");
+  printf("%s\n", s);
+  free(s);
+  return EXIT_OK;
+}

@@ -102,6 +102,11 @@ int cli_data_error(const struct cli *g, const char *fmt, ...)
 int cli_runtime_error(const struct cli *g, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
 
+/* Prints o as one compact line of JSON (keys in order; reals to 12 digits), as every --json
+   of a listing does, and releases o. EXIT_OK, or a runtime error when out of memory. */
+struct json_t;
+int cli_print_json(const struct cli *g, struct json_t *o);
+
 /* Connects (role names the connection) and quotes the table. 0, or an exit code after
    printing the error. On success the caller closes with cli_close. */
 int cli_open(const struct cli *g, const char *role, PGconn **conn, struct db_table *t);

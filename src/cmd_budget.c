@@ -286,13 +286,7 @@ static int show(struct cli *g, PGconn *c, const char *budgets, const char *calls
     return cli_data_error(g, "no budget named '%s'", name);
   }
   if (as_json) {
-    char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
-    json_decref(o);
-    if (!s)
-      return cli_runtime_error(g, "out of memory");
-    printf("%s\n", s);
-    free(s);
-    return EXIT_OK;
+    return cli_print_json(g, o);   /* compact, one line, as status and report print theirs */
   }
   size_t i;
   printf("%-24s %15s %19s %11s  %s\n", "budget", "rpm (used)", "tpm (used)", "in flight",

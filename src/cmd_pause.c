@@ -241,13 +241,7 @@ static int print_list(struct cli *g, PGconn *c, const struct db_table *t, int as
   if (!o)
     return cli_runtime_error(g, "unreadable JSON from the server: %s", je.text);
   if (as_json) {
-    char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT);
-    json_decref(o);
-    if (!s)
-      return cli_runtime_error(g, "out of memory");
-    printf("%s\n", s);
-    free(s);
-    return EXIT_OK;
+    return cli_print_json(g, o);   /* compact, one line, as status and report print theirs */
   }
   json_t *list = json_object_get(o, "holds"), *e;
   size_t i;
