@@ -292,7 +292,7 @@ case_report_and_inspect_time_runs_from_run_started_at() {
     "$(jget "$j" 'j["start_wait_s"]')" '{"count":1,"p50":0.5,"p95":0.5,"max":0.5}'
   assert_eq "the keys before them keep their order" \
     "$(jget "$j" 'list(j)')" \
-    '["table","tenants","batch","counts","total","settled","attempts","retries","retried_tasks","crashes","crashed_tasks","dead_causes","duration_s","dead_reasons","dead_reasons_total","first_claim_at","last_finish_at","wall_s","pickup_wait_s","start_wait_s"]'
+    '["table","tenants","batch","counts","total","settled","attempts","retries","retried_tasks","crashes","crashed_tasks","dead_causes","duration_s","dead_reasons","dead_reasons_total","first_claim_at","last_finish_at","wall_s","pickup_wait_s","start_wait_s","usage"]'
 
   expect_exit 0 "$LEASH" report --batch r
   local out
