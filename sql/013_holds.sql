@@ -1,7 +1,7 @@
 -- Holds (issues #15 and #17; docs/ARCHITECTURE.md, "Holds and budgets"): scopes claims skip.
 -- A hold is (kind, scope, source): a tenant, a batch or a budget (the task's `budget`
--- column), held by `leash pause` ('pause'), a provider's refusal ('provider') or a spend cap
--- ('spend'), until a time or until lifted. Each source lifts only its own hold: raising a cap
+-- column), held by `leash pause` ('pause'), a provider's refusal ('provider'), a spend cap
+-- ('spend') or a budget's full window ('window', 014), until a time or until lifted. Each source lifts only its own hold: raising a cap
 -- does not end an operator's pause, nor `leash resume` a cap. Held tasks stay pending;
 -- nothing about them changes but whether claims look at them.
 --
@@ -36,7 +36,7 @@ ALTER TABLE {{table}}
 CREATE TABLE IF NOT EXISTS {{obj:holds}} (
   kind       text NOT NULL CHECK (kind IN ('tenant', 'batch', 'budget')),
   scope      text NOT NULL CHECK (octet_length(scope) BETWEEN 1 AND 512),
-  source     text NOT NULL CHECK (source IN ('pause', 'provider', 'spend')),
+  source     text NOT NULL CHECK (source IN ('pause', 'provider', 'spend', 'window')),
   until      timestamptz,                  -- NULL: until lifted
   reason     text CHECK (octet_length(reason) <= 500),
   created_at timestamptz NOT NULL DEFAULT now(),

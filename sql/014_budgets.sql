@@ -22,6 +22,11 @@
 -- out or is given back (`leash release`), or at the latest when the hold (the call's
 -- timeout and a margin) does, so a lost pod cannot eat the budget.
 --
+-- A full window. When the window has no room for 5 s or more (a burst used it up), the
+-- tasks that carry the budget are held until it has ('window', 013), as a pause holds them:
+-- claims do not take tasks that could only wait in a slot. Tasks already claimed wait for
+-- their grant (or yield past --budget-wait).
+--
 -- Pauses. A 429 or 503 on a budgeted call (or leash.budget.pause, or `leash budget pause`)
 -- sets paused_until for every process: no call of the budget is granted before it, and
 -- tasks that carry the budget (their `budget` column) are held (013): claims skip them until
@@ -208,6 +213,17 @@ BEGIN
     reason := coalesce(reason, 'concurrency');
   END IF;
   IF reason IS NOT NULL THEN
+    -- A window full for a while (after a burst used it up): the tasks that carry the budget
+    -- are held until it has room, so claims stop taking them only to wait in a slot. Once
+    -- per episode: a hold that already lasts that long is left alone (parking is an UPDATE
+    -- of the budget's heads). Short waits, the steady state of a busy budget, hold nothing.
+    IF reason IN ('rpm', 'tpm') AND w >= 5
+       AND NOT EXISTS (SELECT 1 FROM {{obj:holds}} h
+                        WHERE h.kind = 'budget' AND h.scope = p_name AND h.source = 'window'
+                          AND h.until >= now() + make_interval(secs => w - 1)) THEN
+      PERFORM {{obj:hold}}('budget', p_name, 'window', now() + make_interval(secs => w),
+                           'window full (' || reason || ')');
+    END IF;
     RETURN QUERY SELECT false, NULL::bigint, greatest(w, 0.01), reason;
     RETURN;
   END IF;

@@ -238,6 +238,38 @@ case_a_script_cannot_swallow_the_yield() {
   assert_eq "the mock got no call" "$(mock_stat answers /v1/chat/completions 200)" 0
 }
 
+# A window used up for a while holds the tasks that carry the budget (source window): claims
+# leave them pending and parked instead of taking them to wait in a slot, other work gets the
+# slots, and they run once the window has room, still within the limit.
+case_a_full_window_holds_the_budgets_tasks_out_of_the_claims() {
+  need_pg
+  budget_setup
+  start_mock
+  expect_exit 0 "$LEASH" budget set slow --rpm 2 --window 8s
+  jobs 6 '"budget":"slow"' '"budget":"slow"' >"$T_TMP/jobs.jsonl"
+  enqueue_file "$T_TMP/jobs.jsonl" 6
+  start_worker w1 "$BFIX" --concurrency 4
+  wait_for "the window to hold the budget's tasks" 30 q_true \
+    "select count(*) = 1 from agent_work_queue_holds where kind = 'budget' and scope = 'slow' and source = 'window'"
+  wait_for "the budget's pending tasks to be parked" 10 q_true \
+    "select count(*) > 0 and bool_and(parked) from agent_work_queue where status = 'pending' and is_head"
+  jobs 3 >"$T_TMP/free.jsonl"
+  enqueue_file "$T_TMP/free.jsonl" 3
+  wait_for "other work to run while the window is full" 20 q_true \
+    "select count(*) = 3 from agent_work_queue where budget is null and status = 'done'"
+  assert_eq "and the budget's tasks still wait" \
+    "$(q "select count(*) > 0 from agent_work_queue where budget = 'slow' and status = 'pending'")" t
+  wait_for "every task to be done" 90 all_done
+  local worst
+  worst=$(q "select max(n) from (select (select count(*) from calls d join agent_work_queue t on t.id = d.task_id
+                                           where t.budget = 'slow' and d.at > c.at - interval '7.5 seconds'
+                                             and d.at <= c.at) n
+                                  from calls c join agent_work_queue t on t.id = c.task_id
+                                 where t.budget = 'slow') x")
+  (( worst <= 2 )) || fail "$worst calls of budget slow in 7.5 s; it allows 2 per 8 s"
+  assert_eq "no attempt was spent" "$(q "select max(attempts) from agent_work_queue")" 1
+}
+
 # ---------------------------------------------------------------- usage
 
 # Tokens: the answer's usage (the mock reports prompt + completion tokens), or what
