@@ -188,8 +188,10 @@ case_no_held_task_is_leased_even_when_not_parked() {
 }
 
 # Parked work costs the claims nothing: with 20,000 parked heads in a tenant, draining 200
-# runnable tasks of the same tenant reads a few hundred entries of heads_ready_idx (the
-# claims' only heads index), not the parked ones (pg_stat_user_indexes).
+# runnable tasks of the same tenant reads fewer entries of heads_ready_idx (the claims' only
+# heads index) than one claim would read if it saw the parked heads (pg_stat_user_indexes).
+# What it does read is the runnable heads and the dead entries the leases left behind (many
+# small claims on a loaded machine read those again: thousands, never 20,000).
 case_parked_work_is_out_of_the_claims_index() {
   need_pg
   run_setup
@@ -207,7 +209,7 @@ case_parked_work_is_out_of_the_claims_index() {
     "select idx_scan > 0 from pg_stat_user_indexes where indexrelname = 'agent_work_queue_heads_ready_idx'"
   local read
   read=$(q "select idx_tup_read from pg_stat_user_indexes where indexrelname = 'agent_work_queue_heads_ready_idx'")
-  (( read < 5000 )) || fail "the claims read $read entries of heads_ready_idx for 200 tasks beside 20,000 parked"
+  (( read < 20000 )) || fail "the claims read $read entries of heads_ready_idx for 200 tasks beside 20,000 parked"
 }
 
 # ---------------------------------------------------------------- bad input
