@@ -2,7 +2,7 @@
 # The pure sources are compiled once more into leash_core_fuzz with coverage
 # instrumentation (-fsanitize=fuzzer-no-link) plus ASan and UBSan; each target
 # tests/fuzz/fuzz_<name>.c links it with libFuzzer's main. cli.c comes with what it calls
-# (db.c, log.c); a new dependency on another src/ file shows up as an undefined symbol at
+# (db.c, log.c, and log.c's secrets.c); a new dependency on another src/ file shows up as an undefined symbol at
 # link: add the file here.
 #
 # ctest (label "fuzz", registered only in this build): fuzz.<name> replays
@@ -17,7 +17,8 @@ add_library(leash_core_fuzz STATIC
   ${CMAKE_SOURCE_DIR}/src/enqueue.c ${CMAKE_SOURCE_DIR}/src/json_lua.c
   ${CMAKE_SOURCE_DIR}/src/pgvalue.c ${CMAKE_SOURCE_DIR}/src/cli.c
   ${CMAKE_SOURCE_DIR}/src/db.c ${CMAKE_SOURCE_DIR}/src/log.c ${CMAKE_SOURCE_DIR}/src/buf.c
-  ${CMAKE_SOURCE_DIR}/src/luatext.c ${CMAKE_SOURCE_DIR}/src/provider.c)
+  ${CMAKE_SOURCE_DIR}/src/luatext.c ${CMAKE_SOURCE_DIR}/src/provider.c
+  ${CMAKE_SOURCE_DIR}/src/secrets.c)
 target_include_directories(leash_core_fuzz PUBLIC ${CMAKE_SOURCE_DIR}/src)
 target_compile_options(leash_core_fuzz PRIVATE ${LEASH_WARNINGS}
                        PUBLIC -fsanitize=fuzzer-no-link ${LEASH_FUZZ_SAN})

@@ -79,7 +79,8 @@ static void check_ok_line(const char *line, size_t len, const char *run_after)
 {
   static const char *const known[] = {
     "payload", "tenant_id", "shard_key", "batch", "run_after", "delay", "max_attempts",
-    "max_crashes", "priority", "max_snoozes", "backoff_base", "backoff_cap", NULL,
+    "max_crashes", "priority", "max_snoozes", "backoff_base", "backoff_cap", "dedup_key",
+    "budget", NULL,
   };
   json_error_t je;
   json_t *o, *v, *ra, *delay, *ma, *pr, *ms, *bb, *bc;
@@ -101,6 +102,8 @@ static void check_ok_line(const char *line, size_t len, const char *run_after)
   check_string_field(o, "shard_key", 0);
   check_string_field(o, "batch", 1);
   check_string_field(o, "run_after", 0);
+  check_string_field(o, "dedup_key", 0);   /* sql/015 */
+  check_string_field(o, "budget", 1);      /* sql/013 */
 
   ra = json_object_get(o, "run_after");
   if (ra != NULL) {
