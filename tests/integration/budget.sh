@@ -120,6 +120,32 @@ case_a_concurrency_limit_is_shared_by_two_processes() {
     "$(q "select count(*) from agent_work_queue_budget_calls where not released")" 0
 }
 
+# A process killed in the middle of a budgeted block does not keep its share of the budget:
+# its call stops counting as in flight once its lease is gone (reaped), long before the
+# call's own hold (an hour and more for a block without a task timeout) would run out.
+case_a_killed_process_gives_back_its_calls_in_flight() {
+  need_pg
+  budget_setup
+  start_mock
+  expect_exit 0 "$LEASH" budget set one --concurrency 1
+  jobs 1 '"budget":"one","hold":true,"hold_sleep":600' '"max_attempts":1' >"$T_TMP/a.jsonl"
+  enqueue_file "$T_TMP/a.jsonl" 1
+  start_worker w1 "$BFIX" --concurrency 1 --visibility 2s --heartbeat 500ms
+  wait_for "w1 to hold the budget's one call" 30 q_true \
+    "select count(*) = 1 from agent_work_queue_budget_calls where budget = 'one' and not released"
+  kill -KILL "${W_PID[w1]}"
+  jobs 1 '"budget":"one","hold":true' >"$T_TMP/b.jsonl"
+  enqueue_file "$T_TMP/b.jsonl" 1
+  start_worker w2 "$BFIX" --concurrency 1 --visibility 2s --heartbeat 500ms
+  wait_for "the second task to get the budget" 30 q_true \
+    "select status = 'done' and attempts = 1 from agent_work_queue where id = 2"
+  assert_eq "the killed call was never released: its lease, not its hold, freed it" \
+    "$(q "select count(*) from agent_work_queue_budget_calls
+           where budget = 'one' and not released and hold_until > now() + interval '30 minutes'")" 1
+  assert_eq "the killed task was reaped dead (its one attempt spent by the crash)" \
+    "$(q "select status from agent_work_queue where id = 1")" dead
+}
+
 # ---------------------------------------------------------------- pauses
 
 # A refusal pauses the budget for the fleet and spends no attempt: with half the mock's
