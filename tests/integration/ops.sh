@@ -383,7 +383,10 @@ case_status_watch_falls_back_to_lines_when_not_a_tty() {
             started_at = now() - interval '2 hours' where batch = 'quiet'" >/dev/null
 
   # Not a terminal: plain lines, one per active batch per interval, until stopped.
-  expect_exit 124 timeout -k 3 2 "$LEASH" status --watch --interval 0.2
+  # --foreground: timeout's default also signals the whole group and then sends SIGCONT; a
+  # second signal landing while LeakSanitizer's exit-time tracer has the process stopped
+  # hangs the tracer (seen in CI: "already traced", killed after -k). One TERM is the test.
+  expect_exit 124 timeout --foreground -k 3 2 "$LEASH" status --watch --interval 0.2
   local out n
   out=$(<"$T_OUT")
   n=$(lines_of "$T_OUT")
@@ -400,7 +403,7 @@ case_status_watch_falls_back_to_lines_when_not_a_tty() {
   assert_contains "quiet batch" "$(<"$T_OUT")" "batch=quiet done=1 dead=0 pending=0 leased=0 total=1 progress=100.0%"
 
   # --json: one object per interval.
-  expect_exit 124 timeout -k 3 0.7 "$LEASH" status --watch --json --interval 0.2
+  expect_exit 124 timeout --foreground -k 3 0.7 "$LEASH" status --watch --json --interval 0.2
   local first
   first=$(head -n 1 "$T_OUT")
   assert_eq "json frame: batches" "$(jget "$first" '[(b["batch"], b["counts"]["done"], b["total"], b["progress"]) for b in j["batches"]]')" \
