@@ -11,9 +11,9 @@
 static const char usage[] =
   "usage: leash requeue --dead [--tenant T] [--batch B]\n"
   "       leash requeue --id N [--id N]... [--tenant T] [--batch B]\n\n"
-  "Puts dead tasks back to pending: attempts and crashes 0, last_cause cleared, runnable now,\n"
-  "lease cleared (a quarantined task runs again). last_error,\n"
-  "result and stored steps are kept, so a requeued task resumes after the steps it already\n"
+  "Puts dead tasks back to pending: attempts, crashes and snoozes 0, last_cause cleared,\n"
+  "runnable now, lease cleared (a quarantined task runs again). last_error, result and\n"
+  "stored steps are kept, so a requeued task resumes after the steps it already\n"
   "paid for. Only dead tasks are touched: an --id that is pending, leased, done, missing or\n"
   "outside --tenant/--batch is left as it is and named on stderr. Prints the count.\n"
   "--dead works in chunks of 5,000 rows, each its own transaction.\n\n"

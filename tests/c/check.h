@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHECK(cond) do { \
     if (!(cond)) { \
@@ -53,6 +54,30 @@ static inline int check_main(const struct check_case *cases, int argc, char **ar
     return 1;
   }
   return 0;
+}
+
+/* Runs fn with stderr sent to an unlinked temporary file; returns what fn wrote there
+   (caller frees). For the cases that check what a log line looks like. */
+static inline char *check_capture_stderr(void (*fn)(void))
+{
+  char path[] = "/tmp/leash-check-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  unlink(path);
+  fflush(stderr);
+  int saved = dup(STDERR_FILENO);
+  CHECK(dup2(fd, STDERR_FILENO) >= 0);
+  fn();
+  fflush(stderr);
+  CHECK(dup2(saved, STDERR_FILENO) >= 0);
+  close(saved);
+  off_t len = lseek(fd, 0, SEEK_END);
+  CHECK(len >= 0);
+  char *buf = calloc(1, (size_t)len + 1);
+  CHECK(buf != NULL);
+  CHECK(pread(fd, buf, (size_t)len, 0) == (ssize_t)len);
+  close(fd);
+  return buf;
 }
 
 #endif

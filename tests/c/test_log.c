@@ -7,25 +7,6 @@
 #include <jansson.h>
 #include <unistd.h>
 
-/* Runs fn with stderr sent to a temporary file; returns what was written (caller frees). */
-static char *capture(void (*fn)(void))
-{
-  char path[] = "/tmp/leash-test-log-XXXXXX";
-  int fd = mkstemp(path);
-  CHECK(fd >= 0);
-  unlink(path);
-  int saved = dup(STDERR_FILENO);
-  CHECK(dup2(fd, STDERR_FILENO) >= 0);
-  fn();
-  CHECK(dup2(saved, STDERR_FILENO) >= 0);
-  close(saved);
-  off_t len = lseek(fd, 0, SEEK_END);
-  char *buf = calloc(1, (size_t)len + 1);
-  CHECK(pread(fd, buf, (size_t)len, 0) == (ssize_t)len);
-  close(fd);
-  return buf;
-}
-
 static int count_char(const char *s, char c)
 {
   int n = 0;
@@ -50,7 +31,7 @@ static void log_evil(void)
 static void text_lines_escape_control_characters(void)
 {
   log_set_format(LOG_TEXT);
-  char *out = capture(log_evil);
+  char *out = check_capture_stderr(log_evil);
   CHECK_INT_EQ(count_char(out, '\n'), 1);
   CHECK(out[strlen(out) - 1] == '\n');
   CHECK_INT_EQ(count_char(out, '\r'), 0);
@@ -69,7 +50,7 @@ static void text_lines_escape_control_characters(void)
 static void json_lines_escape_control_characters(void)
 {
   log_set_format(LOG_JSON);
-  char *out = capture(log_evil);
+  char *out = check_capture_stderr(log_evil);
   CHECK_INT_EQ(count_char(out, '\n'), 1);
   json_error_t e;
   json_t *o = json_loads(out, 0, &e);
@@ -97,12 +78,12 @@ static void long_values_are_cut_so_a_line_stays_bounded(void)
     big[i] = i % 100 == 99 ? '\n' : 'x';
   big[n] = '\0';
   log_set_format(LOG_TEXT);
-  char *out = capture(log_big);
+  char *out = check_capture_stderr(log_big);
   CHECK_INT_EQ(count_char(out, '\n'), 1);
   CHECK(strlen(out) <= 16384);
   free(out);
   log_set_format(LOG_JSON);
-  out = capture(log_big);
+  out = check_capture_stderr(log_big);
   CHECK_INT_EQ(count_char(out, '\n'), 1);
   CHECK(strlen(out) < 64 * 1024);
   json_t *o = json_loads(out, 0, NULL);
@@ -116,7 +97,7 @@ static void long_values_are_cut_so_a_line_stays_bounded(void)
   for (size_t i = 1; i + 1 < n; i += 2)
     memcpy(big + i, "\xc3\xa9", 2);   /* the 8192nd byte ends a character's first byte */
   big[8300] = '\0';
-  out = capture(log_big);
+  out = check_capture_stderr(log_big);
   o = json_loads(out, 0, NULL);
   CHECK(o != NULL);
   CHECK_INT_EQ(json_string_length(json_object_get(o, "a")), 8191);

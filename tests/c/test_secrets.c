@@ -11,25 +11,6 @@
 
 #define KEY "sk-test-0123456789abcdef"
 
-/* Runs fn with stderr sent to a temporary file; returns what was written (caller frees). */
-static char *capture(void (*fn)(void))
-{
-  char path[] = "/tmp/leash-test-secrets-XXXXXX";
-  int fd = mkstemp(path);
-  CHECK(fd >= 0);
-  unlink(path);
-  int saved = dup(STDERR_FILENO);
-  CHECK(dup2(fd, STDERR_FILENO) >= 0);
-  fn();
-  CHECK(dup2(saved, STDERR_FILENO) >= 0);
-  close(saved);
-  off_t len = lseek(fd, 0, SEEK_END);
-  char *buf = calloc(1, (size_t)len + 1);
-  CHECK(pread(fd, buf, (size_t)len, 0) == (ssize_t)len);
-  close(fd);
-  return buf;
-}
-
 static void allow(const char *list)
 {
   char err[256];
@@ -193,7 +174,7 @@ static void log_lines_hold_no_value_in_either_format_and_at_any_cut(void)
   allow("T_KEY");
   for (int fmt = LOG_TEXT; fmt <= LOG_JSON; fmt++) {
     log_set_format((enum log_format)fmt);
-    char *out = capture(log_long);
+    char *out = check_capture_stderr(log_long);
     CHECK(strstr(out, "sk-test") == NULL);
     CHECK(strstr(out, "0123456789") == NULL);
     CHECK(strstr(out, "plain [redacted] and text") != NULL);
@@ -204,7 +185,7 @@ static void log_lines_hold_no_value_in_either_format_and_at_any_cut(void)
   log_set_format(LOG_TEXT);
   secrets_reset();
   /* Nothing allowed: lines are written as they are. */
-  char *out = capture(log_long);
+  char *out = check_capture_stderr(log_long);
   CHECK(strstr(out, "plain " KEY " and text") != NULL);
   free(out);
 }

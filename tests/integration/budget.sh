@@ -8,6 +8,8 @@
 source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/integration/run_common.sh
 source "$(dirname "$0")/run_common.sh"
+# shellcheck source=tests/integration/mock_common.sh
+source "$(dirname "$0")/mock_common.sh"
 
 BFIX=$LEASH_SRC/tests/fixtures/budget/call.lua
 
@@ -18,26 +20,6 @@ budget_setup() {
   q "create table calls (task_id bigint, attempt int, status int,
                          at timestamptz not null default clock_timestamp());
      create table spans (task_id bigint, t0 float8, t1 float8)" >/dev/null
-}
-
-# start_mock [MOCK OPTIONS...]: the mock LLM on a free port; sets MOCK (its base URL).
-start_mock() {
-  python3 "$LEASH_SRC/scripts/mock_llm.py" --port 0 --idle-exit 120 "$@" \
-    >"$T_TMP/mock.out" 2>"$T_TMP/mock.log" &
-  t_on_exit t_kill "$!"
-  wait_for "the mock LLM to print its port" 10 grep -q '^PORT [0-9]' "$T_TMP/mock.out"
-  MOCK=http://127.0.0.1:$(sed -n '1s/^PORT //p' "$T_TMP/mock.out")
-}
-
-# mock_stat KEY...: a number from the mock's /stats (0 when absent).
-mock_stat() {
-  python3 - "$MOCK/stats" "$@" <<'PY'
-import json, sys, urllib.request
-d = json.load(urllib.request.urlopen(sys.argv[1], timeout=10))
-for k in sys.argv[2:]:
-    d = d.get(k, 0) if isinstance(d, dict) else 0
-print(d)
-PY
 }
 
 # jobs N PAYLOAD_JSON_FIELDS [LINE_FIELDS]: N JSONL lines whose payload is {"url":

@@ -8,30 +8,10 @@
 source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/integration/run_common.sh
 source "$(dirname "$0")/run_common.sh"
+# shellcheck source=tests/integration/mock_common.sh
+source "$(dirname "$0")/mock_common.sh"
 
 SCRIPTS=$LEASH_SRC/scripts
-
-# start_mock [MOCK OPTIONS...]: scripts/mock_llm.py on a free port, killed at exit;
-# sets MOCK (its base URL).
-start_mock() {
-  python3 "$SCRIPTS/mock_llm.py" --port 0 --idle-exit 120 --max-requests 100000 "$@" \
-    >"$T_TMP/mock.out" 2>"$T_TMP/mock.log" &
-  t_on_exit t_kill "$!"
-  wait_for "the mock LLM to print its port" 10 grep -q '^PORT [0-9]' "$T_TMP/mock.out"
-  MOCK=http://127.0.0.1:$(sed -n '1s/^PORT //p' "$T_TMP/mock.out")
-}
-
-# mock_stat KEY...: a number from the mock's /stats (0 when absent), e.g.
-# mock_stat answers /v1/chat/completions 200
-mock_stat() {
-  python3 - "$MOCK/stats" "$@" <<'PY'
-import json, sys, urllib.request
-d = json.load(urllib.request.urlopen(sys.argv[1], timeout=10))
-for k in sys.argv[2:]:
-    d = d.get(k, 0) if isinstance(d, dict) else 0
-print(d)
-PY
-}
 
 # examples_setup: a fresh migrated database.
 examples_setup() {
@@ -68,7 +48,7 @@ case_scripts_pass_leash_check() {
 # made to be fatal (two tickets whose model answer is never JSON, two missing tickets).
 case_grade_tickets_end_to_end() {
   examples_setup
-  start_mock --rate-429 0.15 --rate-500 0.1 --rate-malformed 0.1 --faults-max-per-prompt 2 \
+  start_mock --max-requests 100000 --rate-429 0.15 --rate-500 0.1 --rate-malformed 0.1 --faults-max-per-prompt 2 \
     --latency-ms 2-20 --seed 42
   q "CREATE TABLE tickets (id bigint PRIMARY KEY, subject text, body text);
      CREATE TABLE ticket_grades (ticket_id bigint PRIMARY KEY, grade int NOT NULL,
@@ -120,7 +100,7 @@ case_grade_tickets_end_to_end() {
 # summaries in order after every map task of its document has finished.
 case_summarize_chunks_map_reduce() {
   examples_setup
-  start_mock --rate-429 0.2 --rate-500 0.1 --rate-malformed 0.1 --faults-max-per-prompt 2 --seed 7
+  start_mock --max-requests 100000 --rate-429 0.2 --rate-500 0.1 --rate-malformed 0.1 --faults-max-per-prompt 2 --seed 7
   q "CREATE TABLE chunk_summaries (doc text, chunk int, summary text, worker text, PRIMARY KEY (doc, chunk));
      CREATE TABLE doc_summaries (doc text PRIMARY KEY, summary text NOT NULL, chunks int NOT NULL,
        updated_at timestamptz NOT NULL DEFAULT now())" >/dev/null
@@ -172,7 +152,7 @@ case_summarize_chunks_map_reduce() {
 # last, empty one); every row gets its 8-dimensional vector, each batch paid for once.
 case_backfill_embeddings_drains() {
   examples_setup
-  start_mock --rate-429 0.2 --rate-500 0.2 --faults-max-per-prompt 2 --latency-ms 5-20 --seed 3
+  start_mock --max-requests 100000 --rate-429 0.2 --rate-500 0.2 --faults-max-per-prompt 2 --latency-ms 5-20 --seed 3
   q "CREATE TABLE documents (id bigint PRIMARY KEY, body text, embedding float8[]);
      INSERT INTO documents SELECT i, 'document ' || i || ' about topic ' || (i % 13) FROM generate_series(1, 300) i" >/dev/null
   "$LEASH" enqueue --shard backfill "{\"batch_size\":50,\"llm_url\":\"$MOCK/v1/embeddings\"}" >/dev/null
