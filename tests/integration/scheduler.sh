@@ -224,7 +224,8 @@ case_a_drain_ends_on_time_while_a_producer_holds_a_settling_shard() {
   sched_setup
   local held
   held=$(q "insert into $QT (tenant_id, shard_key, payload)
-            values ('t', 'held', '{\"min\":0.3,\"max\":0.3}') returning id")
+            values ('t', 'held', '{\"min\":0.3,\"max\":0.3,\"await_producer\":true}')
+            returning id")
   start_worker A "$FIX/record.lua" --concurrency 2 --visibility 3s --heartbeat 500ms \
     --drain-timeout 1 --poll-ms 10-50
   wait_for "the held shard's task to start" 20 q_true \
