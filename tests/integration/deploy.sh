@@ -696,4 +696,54 @@ case_dockerfile_lints_clean() {
   assert_eq "lint findings" "$(cat "$T_OUT")" ""
 }
 
+# The alert rules pass promtool (check rules, and the unit tests of leash-rules.test.yaml:
+# each alert fires on its series and not on a healthy one); the Grafana dashboard is JSON
+# whose queries parse as PromQL and name only series a real worker exports (and the one
+# documented as not existing yet, leash_canary_rollbacks_total), with a panel per topic.
+case_alert_rules_and_the_dashboard_pass_promtool_and_name_real_series() {
+  command -v promtool >/dev/null || skip "no promtool (Debian package prometheus): rules and dashboard not checked"
+  local rules=$LEASH_SRC/deploy/prometheus/leash-rules.yaml dash=$LEASH_SRC/deploy/grafana/leash.json
+  expect_exit 0 promtool check rules "$rules"
+  (cd "$LEASH_SRC/deploy/prometheus" && promtool test rules leash-rules.test.yaml) >"$T_TMP/rt" 2>&1 \
+    || fail "promtool test rules: $(<"$T_TMP/rt")"
+  # The dashboard's queries as recording rules ($__rate_interval and $job filled in), so
+  # promtool parses each.
+  python3 - "$dash" "$T_TMP/dash-rules.yaml" "$T_TMP/dash-titles" <<'PY' || fail "dashboard: $(<"$T_TMP/dash-titles")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["uid"] and d["panels"], "no panels"
+lines = ["groups:", "  - name: dashboard", "    rules:"]
+titles = []
+for p in d["panels"]:
+    titles.append(p["title"])
+    for i, t in enumerate(p["targets"]):
+        e = t["expr"].replace("$__rate_interval", "5m").replace("$job", ".*")
+        lines.append(f"      - record: dashboard:panel{p['id']}:{i}")
+        lines.append("        expr: " + json.dumps(e))
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+open(sys.argv[3], "w").write("\n".join(titles) + "\n")
+PY
+  expect_exit 0 promtool check rules "$T_TMP/dash-rules.yaml"
+  local topic
+  for topic in Throughput "Outcome rates" 429 "duration percentiles" "Oldest runnable" "Leases" "Budgets paused"; do
+    grep -qi "$topic" "$T_TMP/dash-titles" || fail "the dashboard has no panel on '$topic': $(<"$T_TMP/dash-titles")"
+  done
+  # Every series named is in a real scrape of a worker that made a budgeted HTTP call.
+  need_pg
+  run_setup
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  start_worker M "$FIX/noop.lua" --concurrency 1 --metrics "127.0.0.1:$port" --poll-ms 20-50
+  wait_for "a scrape with the queue-wide gauges" 60 \
+    eval "curl -sf -o '$T_TMP/scrape' http://127.0.0.1:$port/metrics && grep -q '^leash_metrics_leader 1' '$T_TMP/scrape'"
+  local name missing=()
+  while IFS= read -r name; do
+    [[ $name == leash_canary_rollbacks_total ]] && continue   # not exported yet: documented
+    grep -Eq "^# TYPE ${name%_bucket} " "$T_TMP/scrape" || missing+=("$name")
+  done < <(cat "$rules" "$dash" | grep -oE '\b(leash|process)_[a-z_]+' | grep -v '_test$' | sort -u)
+  assert_eq "series the rules and the dashboard name that no worker exports" "${missing[*]}" ""
+  kill -TERM "${W_PID[M]}"
+  assert_worker_exit M 30 0
+}
+
 t_run "$@"
