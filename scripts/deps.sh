@@ -2,10 +2,13 @@
 # the tests and the demo need, when any is missing (apt-get update once, then install).
 # clang and libclang-rt-14-dev (libFuzzer's runtime, only recommended by clang) build
 # the fuzz targets of tests/fuzz. python3-psycopg2 runs docs/examples/enqueue_psycopg.py
-# (tests/integration/sqlapi.sh).
+# (tests/integration/sqlapi.sh). prometheus brings promtool (metrics.sh, deploy.sh: check
+# metrics, check rules, test rules). kubectl (deploy.sh: kustomize) is not listed: Debian's
+# kubernetes-client is 1.20, whose kustomize is too old; the test skips with a note without it.
 LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted bash-completion
                 libjansson-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev postgresql-15 postgresql-client-15 valgrind
-                util-linux bsdutils iproute2 python3 python3-psycopg2 openssl clang libclang-rt-14-dev)
+                util-linux bsdutils iproute2 python3 python3-psycopg2 openssl clang libclang-rt-14-dev
+                prometheus)
 
 deps_install() {
   local missing=() p

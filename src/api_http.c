@@ -11,6 +11,7 @@
  */
 #include "api.h"
 
+#include "metrics.h"
 #include "task_context.h"
 #include "buf.h"
 #include "provider.h"
@@ -61,6 +62,14 @@ int api_http_open(lua_State *L)
   lua_pop(L, 1);
   luaL_newlib(L, funcs);
   return 1;
+}
+
+/* leash_http_responses_total (metrics.h): one per send; status 0 when no answer came. */
+static void count_response(lua_State *L, const char *budget, long status)
+{
+  struct metrics_counters *m = taskctx_of(L)->host->stats;
+  if (m)
+    metrics_http_response(m, budget, status);
 }
 
 /* leash.http.request{method, url, headers, body, timeout, budget, tokens} →
@@ -192,6 +201,8 @@ static int l_request(lua_State *L)
       api_budget_begin(L, "leash.http.request", budget, tokens, timeout + 30, &bc);
     call->body.len = call->head.len = 0;
     CURLcode rc = curl_easy_perform(c);
+    if (rc != CURLE_OK)
+      count_response(L, budget, 0);
     if (rc != CURLE_OK) {
       if (budget)
         api_budget_end(L, &bc, NULL, -1, NULL);
@@ -204,6 +215,7 @@ static int l_request(lua_State *L)
                         errbuf[0] ? ": " : "", errbuf, method, where);
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    count_response(L, budget, status);
     if (!budget)
       break;
     if (status != 429 && status != 503) {

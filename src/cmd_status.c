@@ -20,12 +20,18 @@ static const char usage[] =
   "usage: leash status [--tenant T] [--batch B] [--json]\n"
   "       leash status --watch [--interval S] [--until-empty] [--tenant T] [--batch B] [--json]\n\n"
   "Counts tasks per status (pending split into runnable now and scheduled later), the age\n"
-  "of the oldest runnable task, the leases each worker holds, the throughput over the last\n"
-  "minute (done and dead) and the time left at that rate.\n\n"
+  "of the oldest runnable task, the leases each worker holds, the rate and the ETA.\n\n"
+  "Rate and ETA, the same in status, --json and every --watch row, per scope (status: the\n"
+  "--tenant/--batch filter; --watch: each batch): rate = tasks finished (done or dead) in\n"
+  "the last minute / that minute, or / the time since the scope's first claim when shorter\n"
+  "(at least 1 s); ETA = (pending + leased) / rate, '-' when nothing finished.\n\n"
   "--watch shows each active batch's progress every interval: on a terminal a bar per batch,\n"
   "redrawn in place; otherwise (a file, a pipe) one plain line per batch per interval; with\n"
   "--json one JSON object per interval. Active: tasks pending or leased, or finished in the\n"
-  "last 5 minutes (--batch B: that batch, always). Ctrl-C (or SIGTERM) stops it with exit 0.\n\n"
+  "last 5 minutes (--batch B: that batch, always). The bar: '#' done, 'x' dead, '.' open;\n"
+  "on a narrow terminal the stats wrap under the bar, then the bar goes: no count is cut.\n"
+  "A batch whose total grew since the last frame says so (children, new tasks).\n"
+  "Ctrl-C (or SIGTERM) stops it with exit 0.\n\n"
   "options:\n"
   "  --tenant T            only this tenant\n"
   "  --batch B             only this batch\n"
@@ -38,6 +44,18 @@ enum {
   OPT_TENANT = OPT_COMMAND_BASE, OPT_BATCH, OPT_JSON, OPT_WATCH, OPT_INTERVAL, OPT_UNTIL_EMPTY,
 };
 
+/* The one rate and ETA definition, for `status`, `status --json` and every --watch row: over
+   a scope (status: the --tenant/--batch filter; --watch: one batch), the rate is the tasks
+   finished (done or dead) in the last minute, divided by that minute, or by the time since
+   the scope's earliest claim still recorded (started_at) when that is shorter, at least 1 s;
+   the ETA is (pending + leased) / rate. A batch that started 10 s ago shows its real rate at
+   once, and `status --batch B` says what B's watch row says. */
+#define SQL_RATE_FINISHED \
+  "count(*) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ") " \
+  "                   AND finished_at > now() - interval '1 minute')"
+#define SQL_RATE_WINDOW \
+  "least(60, greatest(1, coalesce(extract(epoch FROM now() - min(started_at)), 60)))::float8"
+
 static const char counts_fmt[] =
   "SELECT count(*) FILTER (WHERE status = " SQL_PENDING "), "
   "       count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()), "
@@ -46,8 +64,7 @@ static const char counts_fmt[] =
   "       count(*) FILTER (WHERE status = " SQL_DEAD "), "
   "       extract(epoch FROM now() - min(run_after) "
   "               FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()))::float8, "
-  "       count(*) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ") "
-  "                          AND finished_at > now() - interval '1 minute') "
+  "       " SQL_RATE_FINISHED ", " SQL_RATE_WINDOW " "
   "  FROM %s WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR batch = $2)";
 
 static const char workers_fmt[] =
@@ -55,10 +72,8 @@ static const char workers_fmt[] =
   " WHERE status = " SQL_LEASED " AND ($1::text IS NULL OR tenant_id = $1) "
   "   AND ($2::text IS NULL OR batch = $2) GROUP BY 1 ORDER BY 1";
 
-/* --watch: one row per active batch (see usage). The rate window is the last minute, or the
-   time since the batch's earliest recorded claim when that is shorter (at least 1 s), so a
-   batch that started 10 s ago shows its real rate at once. open_total and shown_total are
-   over every active batch, before the LIMIT. */
+/* --watch: one row per active batch (see usage), its rate as SQL_RATE_* say. open_total and
+   shown_total are over every active batch, before the LIMIT. */
 #define WATCH_MAX_BATCHES 20
 /* Scopes claims skip now (sql/013_holds.sql): kind, scope, seconds left (NULL: until
    resumed), reason. %s: the holds table. */
@@ -89,9 +104,7 @@ static const char watch_fmt[] =
   "       count(*) FILTER (WHERE status = " SQL_LEASED "), "
   "       count(*) FILTER (WHERE status = " SQL_DONE "), "
   "       count(*) FILTER (WHERE status = " SQL_DEAD "), "
-  "       count(*) FILTER (WHERE status IN (" SQL_DONE ", " SQL_DEAD ") "
-  "                          AND finished_at > now() - interval '1 minute'), "
-  "       least(60, greatest(1, extract(epoch FROM now() - min(started_at))))::float8, "
+  "       " SQL_RATE_FINISHED ", " SQL_RATE_WINDOW ", "
   "       sum(count(*) FILTER (WHERE status IN (" SQL_PENDING ", " SQL_LEASED "))) OVER (), "
   "       count(*) OVER () "
   "  FROM %s WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR batch = $2) "
@@ -103,6 +116,13 @@ static const char watch_fmt[] =
 
 enum watch_mode { WATCH_TTY, WATCH_LINES, WATCH_JSON };
 
+/* The batches of the last frame and their totals, so a frame can say that a total grew
+   (children enqueued, or more tasks added to the batch, while it runs). */
+struct watch_seen {
+  int n;
+  struct { char *name; int is_null; long long total, first_total; } b[WATCH_MAX_BATCHES];
+};
+
 static volatile sig_atomic_t watch_stop;
 
 static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const char *tenant,
@@ -110,12 +130,15 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
 static int status_watch(struct cli *g, PGconn *c, const struct db_table *t, const char *tenant,
                         const char *batch, enum watch_mode mode, double interval,
                         int until_empty);
+static void seen_free(struct watch_seen *s);
 static void watch_frame(FILE *f, PGresult *r, const char *table, const char *batch,
-                        enum watch_mode mode, double interval, int cols);
+                        enum watch_mode mode, double interval, int cols,
+                        struct watch_seen *seen);
 static void watch_on_signal(int sig);
 static int watch_sleep(double secs);
 static int terminal_columns(void);
 static double eta_of(long long open, double rate);
+static double rate_of(PGresult *r, int row, int col);
 static void print_json(const char *table, const char *tenant, const char *batch,
                        PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets);
 static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds,
@@ -247,12 +270,15 @@ static int status_watch(struct cli *g, PGconn *c, const struct db_table *t, cons
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   int drawn = 0;   /* lines of the last frame on the terminal, to redraw over */
+  struct watch_seen seen = { 0 };
+  int rc = EXIT_OK;
   while (!watch_stop) {
     PGresult *r = db_exec(c, sql, 2, params, err, sizeof err);
     if (!r) {
       if (mode == WATCH_TTY && drawn)
         fputc('\n', stdout);
-      return cli_runtime_error(g, "%s", err);
+      rc = cli_runtime_error(g, "%s", err);
+      break;
     }
     long long open = PQntuples(r) ? ll_at(r, 0, 7) : 0;
     /* The frame is built whole, then written with one call: no flicker, no torn lines. */
@@ -261,9 +287,11 @@ static int status_watch(struct cli *g, PGconn *c, const struct db_table *t, cons
     FILE *f = open_memstream(&buf, &len);
     if (!f) {
       PQclear(r);
-      return cli_runtime_error(g, "out of memory");
+      rc = cli_runtime_error(g, "out of memory");
+      break;
     }
-    watch_frame(f, r, g->table, batch, mode, interval, mode == WATCH_TTY ? terminal_columns() : 0);
+    watch_frame(f, r, g->table, batch, mode, interval, mode == WATCH_TTY ? terminal_columns() : 0,
+                &seen);
     PQclear(r);
     fclose(f);
     if (mode == WATCH_TTY && drawn)
@@ -279,11 +307,110 @@ static int status_watch(struct cli *g, PGconn *c, const struct db_table *t, cons
     if (watch_sleep(interval) != 0)
       break;
   }
-  return EXIT_OK;
+  seen_free(&seen);
+  return rc;
+}
+
+static void seen_free(struct watch_seen *s)
+{
+  for (int i = 0; i < s->n; i++)
+    free(s->b[i].name);
+  s->n = 0;
+}
+
+/* The entry of batch name in the last frame, or NULL. */
+static const void *seen_find(const struct watch_seen *s, const char *name, long long *total,
+                             long long *first_total)
+{
+  for (int i = 0; i < s->n; i++)
+    if (name ? !s->b[i].is_null && strcmp(s->b[i].name, name) == 0 : s->b[i].is_null) {
+      *total = s->b[i].total;
+      *first_total = s->b[i].first_total;
+      return &s->b[i];
+    }
+  return NULL;
+}
+
+/* Appends item to out (joined by sep); items are a bar row's parts: percent, eta, rate and
+   the four counts. */
+static void join_items(char *out, size_t outlen, const char *const *items, int n,
+                       const char *sep)
+{
+  size_t len = 0;
+  out[0] = '\0';
+  for (int i = 0; i < n && len < outlen; i++)
+    len += (size_t)snprintf(out + len, outlen - len, "%s%s", i ? sep : "", items[i]);
+}
+
+/* One batch on a terminal, in cols - 1 columns, every count kept: the first that fits of
+   (1) label, bar of 10..50 and the aligned stats on one line; (2) the same with compact
+   stats; (3) label and bar (10..50) on one line, the stats wrapped under it; (4) the label
+   alone, the stats wrapped under it. The bar: '#' done, 'x' dead (at least one when any
+   is), '.' pending or leased. */
+static void tty_row(FILE *f, const char *label, int label_w, int cols, double progress,
+                    const char *eta_s, double rate, long long done, long long dead,
+                    long long pending, long long leased)
+{
+  char it[7][48], aligned[256], compact[256], bar[56];
+  snprintf(it[0], sizeof it[0], "%.1f%%", progress * 100);
+  snprintf(it[1], sizeof it[1], "eta %s", eta_s);
+  snprintf(it[2], sizeof it[2], "%.1f/s", rate);
+  snprintf(it[3], sizeof it[3], "done %lld", done);
+  snprintf(it[4], sizeof it[4], "dead %lld", dead);
+  snprintf(it[5], sizeof it[5], "pending %lld", pending);
+  snprintf(it[6], sizeof it[6], "leased %lld", leased);
+  const char *items[7] = { it[0], it[1], it[2], it[3], it[4], it[5], it[6] };
+  snprintf(aligned, sizeof aligned, " %5.1f%%  eta %-6s %6.1f/s  done %lld  dead %lld"
+           "  pending %lld  leased %lld", progress * 100, eta_s, rate, done, dead, pending,
+           leased);
+  char tail[256];
+  join_items(tail, sizeof tail, items, 7, " ");
+  snprintf(compact, sizeof compact, " %s", tail);
+  int width = cols - 1, fixed = label_w + 3;   /* "label [" + "]" */
+  const char *stats = NULL;
+  int bar_w = width - fixed;
+  if (width - fixed - (int)strlen(aligned) >= 10) {
+    stats = aligned;
+    bar_w = width - fixed - (int)strlen(aligned);
+  } else if (width - fixed - (int)strlen(compact) >= 10) {
+    stats = compact;
+    bar_w = width - fixed - (int)strlen(compact);
+  }
+  if (bar_w >= 10) {
+    long long total = done + dead + pending + leased;
+    bar_w = bar_w > 50 ? 50 : bar_w;
+    int d = total ? (int)((double)done * bar_w / (double)total) : 0;
+    int x = total ? (int)((double)(done + dead) * bar_w / (double)total) - d : 0;
+    if (dead > 0 && x == 0) {
+      x = 1;
+      if (d + x > bar_w)
+        d--;
+    }
+    for (int k = 0; k < bar_w; k++)
+      bar[k] = k < d ? '#' : k < d + x ? 'x' : '.';
+    bar[bar_w] = '\0';
+    fprintf(f, "%-*.*s [%s]%s\n", label_w, label_w, label, bar, stats ? stats : "");
+    if (stats)
+      return;
+  } else {
+    fprintf(f, "%.*s\n", width, label);
+  }
+  /* Wrapped: greedy, two columns of indent; an item never splits. */
+  int used = 0;
+  for (int i = 0; i < 7; i++) {
+    int w = (int)strlen(items[i]);
+    if (used && used + 1 + w > width) {
+      fputc('\n', f);
+      used = 0;
+    }
+    used += fprintf(f, "%s%s", used ? " " : "  ", items[i]);
+  }
+  fputc('\n', f);
 }
 
 static void watch_frame(FILE *f, PGresult *r, const char *table, const char *batch,
-                        enum watch_mode mode, double interval, int cols)
+                        enum watch_mode mode, double interval, int cols,
+                        struct watch_seen *seen)
 {
   char now[32], eta_s[32], line[1024];
   time_t tt = time(NULL);
@@ -292,6 +419,7 @@ static void watch_frame(FILE *f, PGresult *r, const char *table, const char *bat
   strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", &tm);
   int n = PQntuples(r);
   long long shown_total = n ? ll_at(r, 0, 8) : 0, open_total = n ? ll_at(r, 0, 7) : 0;
+  struct watch_seen next = { 0 };
   json_t *frame = NULL, *arr = NULL;
   if (mode == WATCH_JSON) {
     frame = json_object();
@@ -309,18 +437,28 @@ static void watch_frame(FILE *f, PGresult *r, const char *table, const char *bat
       label_w = w > 30 ? 30 : w;
   }
   if (mode == WATCH_TTY) {
-    snprintf(line, sizeof line, "%s  %s  every %gs  (Ctrl-C stops)", table, now, interval);
+    snprintf(line, sizeof line, "%s  %s  every %gs  (# done, x dead; Ctrl-C stops)", table, now,
+             interval);
     fprintf(f, "%.*s\n", cols > 1 ? cols - 1 : (int)sizeof line, line);
   }
   for (int i = 0; i < n; i++) {
     const char *name = PQgetisnull(r, i, 0) ? NULL : PQgetvalue(r, i, 0);
     long long pending = ll_at(r, i, 1), leased = ll_at(r, i, 2), done = ll_at(r, i, 3),
-              dead = ll_at(r, i, 4), recent = ll_at(r, i, 5);
+              dead = ll_at(r, i, 4);
     long long total = pending + leased + done + dead, open = pending + leased;
-    double window = PQgetisnull(r, i, 6) ? 0 : atof(PQgetvalue(r, i, 6));
-    double rate = window > 0 ? (double)recent / window : 0;
+    double rate = rate_of(r, i, 5);
     double eta = eta_of(open, rate);
     double progress = total ? (double)(done + dead) / (double)total : 0;
+    long long last_total = total, first_total = total;
+    seen_find(seen, name, &last_total, &first_total);
+    long long grew = total > last_total ? total - last_total : 0;
+    if (next.n < WATCH_MAX_BATCHES) {
+      next.b[next.n].name = name ? strdup(name) : NULL;
+      next.b[next.n].is_null = name == NULL;
+      next.b[next.n].total = total;
+      next.b[next.n].first_total = first_total;
+      next.n += !name || next.b[next.n].name;
+    }
     if (open == 0)
       snprintf(eta_s, sizeof eta_s, "0s");
     else if (eta >= 0)
@@ -339,28 +477,27 @@ static void watch_frame(FILE *f, PGresult *r, const char *table, const char *bat
       json_object_set_new(b, "progress", json_real(round(progress * 10000) / 10000));
       json_object_set_new(b, "rate_per_s", json_real(round(rate * 100) / 100));
       json_object_set_new(b, "eta_s", eta >= 0 ? json_real(round(eta * 10) / 10) : json_null());
+      json_object_set_new(b, "total_grew_by", json_integer(grew));
       json_array_append_new(arr, b);
     } else if (mode == WATCH_LINES) {
       fprintf(f, "%s batch=%s done=%lld dead=%lld pending=%lld leased=%lld total=%lld "
-              "progress=%.1f%% rate=%.2f/s eta=%s\n", now, name ? name : "-", done, dead,
+              "progress=%.1f%% rate=%.2f/s eta=%s", now, name ? name : "-", done, dead,
               pending, leased, total, progress * 100, rate, eta_s);
+      if (grew)
+        fprintf(f, " total_grew_by=%lld", grew);
+      fputc('\n', f);
     } else {
-      /* The bar takes what the label and typical numbers leave (10..50 columns), the same
-         for every batch of the frame; a line that is still too long is cut at the end. */
-      char stats[256], bar[56];
-      snprintf(stats, sizeof stats, " %5.1f%%  eta %-6s %6.1f/s  done %lld  dead %lld  pending %lld"
-               "  leased %lld", progress * 100, eta_s, rate, done, dead, pending, leased);
-      int bar_w = cols - 1 - label_w - 3 - 76;
-      bar_w = bar_w < 10 ? 10 : bar_w > 50 ? 50 : bar_w;
-      int filled = (int)(progress * bar_w);
-      for (int k = 0; k < bar_w; k++)
-        bar[k] = k < filled ? '#' : '.';
-      bar[bar_w] = '\0';
-      snprintf(line, sizeof line, "%-*.*s [%s]%s", label_w, label_w,
-               name ? name : "(no batch)", bar, stats);
-      fprintf(f, "%.*s\n", cols > 1 ? cols - 1 : (int)sizeof line, line);
+      tty_row(f, name ? name : "(no batch)", label_w, cols, progress, eta_s, rate, done, dead,
+              pending, leased);
+      if (total > first_total) {
+        snprintf(line, sizeof line, "  ^ total grew: +%lld since the last frame, +%lld since "
+                 "the watch began", grew, total - first_total);
+        fprintf(f, "%.*s\n", cols > 1 ? cols - 1 : (int)sizeof line, line);
+      }
     }
   }
+  seen_free(seen);
+  *seen = next;
   if (mode == WATCH_JSON) {
     json_object_set_new(frame, "batches", arr);
     char *s = json_dumps(frame, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
@@ -412,6 +549,13 @@ static int terminal_columns(void)
 
 /* }====== */
 
+/* Tasks per second from a row's SQL_RATE_FINISHED (col) and SQL_RATE_WINDOW (col + 1). */
+static double rate_of(PGresult *r, int row, int col)
+{
+  double window = PQgetisnull(r, row, col + 1) ? 60 : atof(PQgetvalue(r, row, col + 1));
+  return window > 0 ? (double)ll_at(r, row, col) / window : 0;
+}
+
 /* Seconds until open tasks are done at rate, or -1 when unknown (nothing finishing). */
 static double eta_of(long long open, double rate)
 {
@@ -453,7 +597,7 @@ static void print_json(const char *table, const char *tenant, const char *batch,
   json_object_set_new(o, "leases_by_worker", w);
   /* Added after the fields above, which stay as they were. */
   long long open = pending + strtoll(PQgetvalue(counts, 0, 2), NULL, 10);
-  double rate = (double)strtoll(PQgetvalue(counts, 0, 6), NULL, 10) / 60.0;
+  double rate = rate_of(counts, 0, 6);
   double eta = eta_of(open, rate);
   json_object_set_new(o, "throughput_per_s_1m", json_real(round(rate * 1000) / 1000));
   json_object_set_new(o, "eta_s", eta >= 0 ? json_real(round(eta * 10) / 10) : json_null());
@@ -510,10 +654,10 @@ static void print_text(const char *table, PGresult *counts, PGresult *workers, P
   if (!PQgetisnull(counts, 0, 5))
     printf("oldest runnable task waits %.1f s\n", atof(PQgetvalue(counts, 0, 5)));
   long long open = pending + strtoll(PQgetvalue(counts, 0, 2), NULL, 10);
-  double rate = (double)strtoll(PQgetvalue(counts, 0, 6), NULL, 10) / 60.0;
+  double rate = rate_of(counts, 0, 6);
   double eta = eta_of(open, rate);
   char eta_s[32];
-  printf("rate     %.2f/s (done and dead in the last minute)\n", rate);
+  printf("rate     %.2f/s (done and dead in the last minute, or since the first claim)\n", rate);
   if (open > 0 && eta >= 0) {
     report_format_duration(eta, eta_s, sizeof eta_s);
     printf("eta      %s (pending and leased at that rate)\n", eta_s);

@@ -282,5 +282,6 @@ static void on_gauges(void *arg, struct metrics_gauges *g)
   g->leases_held = lease_registry_count(h->leases);
   pthread_mutex_lock(&h->mu);
   memcpy(g->script_version, h->src.version, sizeof g->script_version);
+  g->wedged = h->wedged;
   pthread_mutex_unlock(&h->mu);
 }

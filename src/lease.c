@@ -38,6 +38,7 @@ struct lease {
   struct queue *q;
   double next_connect, backoff;
   double next_full_repair;      /* monotonic: the next heads repair; 0: with the next reap */
+  int leader;                   /* this connection holds the metrics leader's lock */
 };
 
 static void *lease_main(void *arg);
@@ -256,6 +257,10 @@ static void drop_connection(struct lease *l, const char *why)
   log_warn("lease thread: %s", why);
   if (PQstatus(l->conn) == CONNECTION_BAD) {
     atomic_store(&l->cfg.counters->db_up, 0);
+    /* The leader's lock went with the session: stop exporting until it is won again. */
+    l->leader = 0;
+    atomic_store(&l->cfg.counters->metrics_leader, 0);
+    atomic_store(&l->cfg.counters->queue_runnable, -1);
     PQfinish(l->conn);
     l->conn = NULL;
     l->next_connect = task_now();
@@ -363,18 +368,39 @@ static void reap(struct lease *l)
   }
 }
 
+/* Queue-wide gauges are exported once per fleet: by the process whose lease connection holds
+   the table's metrics lock (queue_metrics_leader). The others keep trying, every sample, and
+   one takes over within a sample of the leader's connection going. */
 static void sample_depth(struct lease *l)
 {
-  long long depth[3];
+  struct queue_depth d;
   char err[DB_ERR_MAX];
-  if (queue_depth(l->q, l->conn, depth, err, sizeof err) != 0) {
+  struct metrics_counters *c = l->cfg.counters;
+  if (!l->leader) {
+    int got = queue_metrics_leader(l->q, l->conn, err, sizeof err);
+    if (got < 0) {
+      drop_connection(l, err);
+      return;
+    }
+    if (!got) {
+      atomic_store(&c->metrics_leader, 0);
+      atomic_store(&c->queue_runnable, -1);   /* not exported here */
+      return;
+    }
+    l->leader = 1;
+    log_info("metrics: this process exports the queue-wide gauges (leader)");
+  }
+  if (queue_depth(l->q, l->conn, &d, err, sizeof err) != 0) {
     drop_connection(l, err);
     return;
   }
-  struct metrics_counters *c = l->cfg.counters;
-  atomic_store(&c->queue_runnable, depth[0]);
-  atomic_store(&c->queue_scheduled, depth[1]);
-  atomic_store(&c->queue_leased, depth[2]);
+  atomic_store(&c->queue_scheduled, d.scheduled);
+  atomic_store(&c->queue_leased, d.leased);
+  atomic_store(&c->queue_oldest_ms, d.oldest_runnable_s < 0 ? -1
+                                                            : (long long)(d.oldest_runnable_s * 1000));
+  atomic_store(&c->budgets_paused, d.budgets_paused);
+  atomic_store(&c->queue_runnable, d.runnable);   /* last: the others are set when it is */
+  atomic_store(&c->metrics_leader, 1);
 }
 
 static void read_notifications(struct lease *l)

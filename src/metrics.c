@@ -3,6 +3,7 @@
 
 #include "lifecycle.h"
 
+#include <dirent.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 static const double bucket_bounds[METRICS_BUCKETS] = {
   0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600,
@@ -58,6 +60,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                               size_t *upload_len, void **state);
 static void render(struct metrics *m, struct text *out);
 static void put_budgets(struct text *b, struct metrics_counters *c);
+static void put_http(struct text *b, struct metrics_counters *c);
+static void put_process(struct text *b);
+static void put_label(char *label, size_t size, const char *name);
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code);
 static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
@@ -76,6 +81,27 @@ void metrics_counters_init(struct metrics_counters *c)
   atomic_store(&c->queue_runnable, -1);
   atomic_store(&c->queue_scheduled, -1);
   atomic_store(&c->queue_leased, -1);
+  atomic_store(&c->queue_oldest_ms, -1);
+}
+
+static const char *const http_class_names[HTTP_CLASSES] = {
+  [HTTP_2XX] = "2xx", [HTTP_3XX] = "3xx", [HTTP_4XX] = "4xx", [HTTP_429] = "429",
+  [HTTP_5XX] = "5xx", [HTTP_ERROR] = "error",
+};
+
+void metrics_http_response(struct metrics_counters *c, const char *budget, long status)
+{
+  enum http_class k = status == 429 ? HTTP_429
+                    : status >= 200 && status < 300 ? HTTP_2XX
+                    : status >= 300 && status < 400 ? HTTP_3XX
+                    : status >= 400 && status < 500 ? HTTP_4XX
+                    : status >= 500 && status < 600 ? HTTP_5XX : HTTP_ERROR;
+  if (!budget) {
+    atomic_fetch_add(&c->http_unbudgeted[k], 1);
+    return;
+  }
+  struct budget_counters *b = metrics_budget(c, budget);
+  atomic_fetch_add(b ? &b->http[k] : &c->http_untracked[k], 1);
 }
 
 struct budget_counters *metrics_budget(struct metrics_counters *c, const char *name)
@@ -329,6 +355,13 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
       return MHD_NO;
     return reply(conn, 200, b.s, b.len, "text/plain; version=0.0.4");
   }
+  if (strcmp(url, "/livez") == 0) {
+    /* Alive and not wedged; the database is not asked (a restart would not bring it back). */
+    struct metrics_gauges g = { 0 };
+    m->gauges(m->arg, &g);
+    return reply(conn, g.wedged ? 503 : 200, strdup(g.wedged ? "wedged\n" : "alive\n"),
+                 g.wedged ? 7 : 6, "text/plain");
+  }
   if (strcmp(url, "/healthz") == 0) {
     int up = atomic_load(&c->db_up);
     return reply(conn, up ? 200 : 503, strdup(up ? "ok\n" : "database unreachable\n"),
@@ -400,23 +433,43 @@ static void render(struct metrics *m, struct text *b)
          "leash_slots_busy %d\n", atomic_load(&c->busy_slots));
   put(b, "# HELP leash_leases_held Leases this process holds (running, buffered or settling).\n"
          "# TYPE leash_leases_held gauge\nleash_leases_held %d\n", g.leases_held);
+  /* Queue-wide gauges: only the fleet's metrics leader exports them, so sum() and max() over
+     pods are both the table's numbers (lease.c, README "Metrics"). */
+  int leader = atomic_load(&c->metrics_leader);
   long long runnable = atomic_load(&c->queue_runnable);
-  if (runnable >= 0) {
-    put(b, "# HELP leash_queue_depth Tasks in the queue table by state (sampled every few "
-           "seconds, whole table).\n# TYPE leash_queue_depth gauge\n");
+  put(b, "# HELP leash_metrics_leader 1 in the one process that exports the queue-wide gauges "
+         "(leash_queue_*, leash_budgets_paused) for its table.\n"
+         "# TYPE leash_metrics_leader gauge\nleash_metrics_leader %d\n", leader && runnable >= 0);
+  if (leader && runnable >= 0) {
+    put(b, "# HELP leash_queue_depth Tasks in the queue table by state (whole table, sampled "
+           "every 10 s by the metrics leader only).\n# TYPE leash_queue_depth gauge\n");
     put(b, "leash_queue_depth{state=\"runnable\"} %lld\n", runnable);
     put(b, "leash_queue_depth{state=\"scheduled\"} %lld\n", (long long)atomic_load(&c->queue_scheduled));
     put(b, "leash_queue_depth{state=\"leased\"} %lld\n", (long long)atomic_load(&c->queue_leased));
+    long long oldest = atomic_load(&c->queue_oldest_ms);
+    put(b, "# HELP leash_queue_oldest_runnable_age_seconds How long the oldest runnable task "
+           "has waited (0 when none is runnable; metrics leader only).\n"
+           "# TYPE leash_queue_oldest_runnable_age_seconds gauge\n"
+           "leash_queue_oldest_runnable_age_seconds %.3f\n", oldest < 0 ? 0.0 : (double)oldest / 1000);
+    put(b, "# HELP leash_budgets_paused Budgets paused now, for the fleet (metrics leader "
+           "only).\n# TYPE leash_budgets_paused gauge\nleash_budgets_paused %lld\n",
+        (long long)atomic_load(&c->budgets_paused));
   }
   put(b, "# HELP leash_database_up 1 while the lease connection is up.\n"
          "# TYPE leash_database_up gauge\nleash_database_up %d\n", atomic_load(&c->db_up));
   put_budgets(b, c);
   put_histogram(b, "leash_task_duration_seconds", "Time handle(task) ran.", &c->task_seconds);
+  put_histogram(b, "leash_cycle_duration_seconds",
+                "Round trip of one settle-and-claim cycle (settles the finished tasks and claims "
+                "new ones in one statement).", &c->cycle_seconds);
   put_histogram(b, "leash_claim_duration_seconds",
-                "Round trip of one settle-and-claim cycle.", &c->cycle_seconds);
+                "DEPRECATED, removed in the next release: the same as "
+                "leash_cycle_duration_seconds (it never timed a claim alone).", &c->cycle_seconds);
   put_histogram(b, "leash_pickup_latency_seconds",
                 "From a task becoming runnable (created or run_after) to its claim.",
                 &c->pickup_seconds);
+  put_http(b, c);
+  put_process(b);
 }
 
 /* Per budget, this process's own counts (sum() over pods is right): only budgets this
@@ -444,13 +497,7 @@ static void put_budgets(struct text *b, struct metrics_counters *c)
     for (int i = 0; i < METRICS_BUDGETS && atomic_load(&c->budgets[i].ready); i++) {
       struct budget_counters *e = &c->budgets[i];
       char label[2 * METRICS_BUDGET_NAME_MAX + 1];
-      size_t n = 0;
-      for (const char *p = e->name; *p && n + 2 < sizeof label; p++) {
-        if (*p == '"' || *p == '\\')
-          label[n++] = '\\';
-        label[n++] = *p;   /* names hold no control characters (api_budget.c) */
-      }
-      label[n] = '\0';
+      put_label(label, sizeof label, e->name);
       long long v = atomic_load((atomic_llong *)((char *)e + series[k].offset));
       if (series[k].seconds)
         put(b, "%s{budget=\"%s\"} %.6f\n", series[k].name, label, (double)v / 1e6);
@@ -462,6 +509,98 @@ static void put_budgets(struct text *b, struct metrics_counters *c)
          "this process used (not labelled).\n# TYPE leash_budget_untracked_grants_total "
          "counter\nleash_budget_untracked_grants_total %lld\n", METRICS_BUDGETS,
       (long long)atomic_load(&c->budgets_untracked));
+}
+
+static void put_label(char *label, size_t size, const char *name)
+{
+  size_t n = 0;
+  for (const char *p = name; *p && n + 2 < size; p++) {
+    if (*p == '"' || *p == '\\')
+      label[n++] = '\\';
+    label[n++] = *p;   /* names hold no control characters (api_budget.c) */
+  }
+  label[n] = '\0';
+}
+
+/* leash.http.request responses by class and budget (budget="": none; "(untracked)": past
+   the first METRICS_BUDGETS names). Every class of budget="" from the start. */
+static void put_http(struct text *b, struct metrics_counters *c)
+{
+  put(b, "# HELP leash_http_responses_total Responses leash.http.request got, by class (2xx, "
+         "3xx, 4xx without 429, 429, 5xx, error: no answer) and budget (\"\": none); each "
+         "send counts, resends after a 429 too.\n# TYPE leash_http_responses_total counter\n");
+  for (int k = 0; k < HTTP_CLASSES; k++)
+    put(b, "leash_http_responses_total{class=\"%s\",budget=\"\"} %lld\n", http_class_names[k],
+        (long long)atomic_load(&c->http_unbudgeted[k]));
+  for (int i = 0; i < METRICS_BUDGETS && atomic_load(&c->budgets[i].ready); i++) {
+    char label[2 * METRICS_BUDGET_NAME_MAX + 1];
+    put_label(label, sizeof label, c->budgets[i].name);
+    for (int k = 0; k < HTTP_CLASSES; k++) {
+      long long v = atomic_load(&c->budgets[i].http[k]);
+      if (v)
+        put(b, "leash_http_responses_total{class=\"%s\",budget=\"%s\"} %lld\n",
+            http_class_names[k], label, v);
+    }
+  }
+  for (int k = 0; k < HTTP_CLASSES; k++) {
+    long long v = atomic_load(&c->http_untracked[k]);
+    if (v)
+      put(b, "leash_http_responses_total{class=\"%s\",budget=\"(untracked)\"} %lld\n",
+          http_class_names[k], v);
+  }
+}
+
+/* The standard process metrics, from /proc (each left out when it cannot be read). */
+static void put_process(struct text *b)
+{
+  long tick = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+  char stat[1024];
+  FILE *f = fopen("/proc/self/stat", "r");
+  size_t n = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
+  if (f)
+    fclose(f);
+  stat[n] = '\0';
+  /* Fields after the command (which may hold spaces and parens): state is field 3. */
+  char *p = strrchr(stat, ')');
+  unsigned long long utime = 0, stime = 0, start = 0;
+  long rss = -1;
+  int got = p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d "
+                                "%*d %*d %*d %*d %llu %*u %ld", &utime, &stime, &start, &rss) == 4;
+  if (got && tick > 0) {
+    put(b, "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
+           "seconds.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total "
+           "%.2f\n", (double)(utime + stime) / (double)tick);
+    put(b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+           "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %lld\n",
+        (long long)rss * page);
+    /* starttime is in ticks since boot; btime (/proc/stat) is the boot in Unix seconds. */
+    f = fopen("/proc/stat", "r");
+    char line[256];
+    long long btime = -1;
+    while (f && fgets(line, sizeof line, f))
+      if (sscanf(line, "btime %lld", &btime) == 1)
+        break;
+    if (f)
+      fclose(f);
+    if (btime >= 0)
+      put(b, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+             "seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds "
+             "%.2f\n", (double)btime + (double)start / (double)tick);
+  }
+  DIR *d = opendir("/proc/self/fd");
+  if (d) {
+    long fds = 0;
+    while (readdir(d))
+      fds++;
+    closedir(d);
+    fds -= 3;   /* ".", ".." and the directory's own fd */
+    put(b, "# HELP process_open_fds Number of open file descriptors.\n"
+           "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n", fds < 0 ? 0 : fds);
+  }
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    put(b, "# HELP process_max_fds Maximum number of open file descriptors.\n"
+           "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
 }
 
 static void put_histogram(struct text *b, const char *name, const char *help,

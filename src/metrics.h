@@ -1,8 +1,10 @@
 /*
  * metrics: what `leash run --metrics HOST:PORT` serves (Prometheus text format, on
  * libmicrohttpd's own thread): counters and histograms the host updates lock-free, gauges
- * read when scraped, queue depth sampled by the lease thread. /healthz answers 200 while the
- * process can reach the database (its lease connection is up), /readyz while it takes work.
+ * read when scraped, queue-wide gauges sampled by the lease thread of the fleet's metrics
+ * leader. /livez answers 200 while the process is alive and no slot is wedged (no database
+ * needed: the liveness probe); /healthz and /readyz need the database (its lease connection
+ * up), /readyz also slots started and not draining.
  */
 #ifndef LEASH_METRICS_H
 #define LEASH_METRICS_H
@@ -43,7 +45,11 @@ struct budget_counters {
   atomic_llong yields;          /* tasks that gave their slot back waiting for it */
   atomic_llong wait_us;         /* time slots waited for a grant */
   atomic_llong tokens;          /* tokens the answers (or leash.usage) reported */
+  atomic_llong http[6];         /* leash.http.request responses by class (enum http_class) */
 };
+
+/* The class label of leash_http_responses_total. */
+enum http_class { HTTP_2XX, HTTP_3XX, HTTP_4XX, HTTP_429, HTTP_5XX, HTTP_ERROR, HTTP_CLASSES };
 
 /* Counters, explained where they are counted (host.c, lease.c for reaps): each task settles
    exactly once as done, retried (pending again) or dead, or is counted lost (outcome
@@ -54,7 +60,14 @@ struct metrics_counters {
   atomic_llong reloads_loaded, reloads_refused;
   atomic_int busy_slots;
   struct histogram task_seconds, cycle_seconds, pickup_seconds;
-  atomic_llong queue_runnable, queue_scheduled, queue_leased;   /* -1 until sampled */
+  /* Queue-wide, sampled by the lease thread while this process is the metrics leader (one
+     per table, chosen through the database: lease.c); queue_runnable -1 = not exported. */
+  atomic_llong queue_runnable, queue_scheduled, queue_leased;
+  atomic_llong queue_oldest_ms;     /* oldest runnable task's wait; -1: none runnable */
+  atomic_llong budgets_paused;      /* budgets whose paused_until is ahead */
+  atomic_int metrics_leader;
+  atomic_llong http_unbudgeted[HTTP_CLASSES];   /* responses of calls with no budget */
+  atomic_llong http_untracked[HTTP_CLASSES];    /* of budgets past the first METRICS_BUDGETS */
   atomic_int db_up;        /* the lease connection is up */
   atomic_int ready;        /* slots started and not draining */
   struct budget_counters budgets[METRICS_BUDGETS];
@@ -71,6 +84,9 @@ struct budget_counters *metrics_budget(struct metrics_counters *c, const char *n
 /* Every task this process saw go dead, whatever the reason. */
 long long metrics_dead_total(struct metrics_counters *c);
 void histogram_observe(struct histogram *h, double seconds);
+/* One leash.http.request response (status: the HTTP status, or 0 when no answer came) of a
+   call under budget (NULL: none). */
+void metrics_http_response(struct metrics_counters *c, const char *budget, long status);
 
 /* What a scrape reads from the owner besides the counters: filled by metrics_gauges_fn on
    the HTTP thread (take the owner's locks there, briefly). */
@@ -78,6 +94,7 @@ struct metrics_gauges {
   int slots;                    /* threads in this process */
   int leases_held;              /* running, buffered or settling */
   char script_version[SCRIPT_VERSION_LEN + 1];
+  int wedged;                   /* the watchdog found a slot wedged (the process is ending) */
 };
 typedef void metrics_gauges_fn(void *arg, struct metrics_gauges *g);
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 struct queue {
-  char *depth_sql;
+  char *depth_sql, *leader_sql;
   char *heartbeat_sql, *reap_sql, *reap_rows_sql, *release_sql, *open_sql, *cycle_sql;
   char *cycle_rows_sql, *repair_sql;
   char *owner;
@@ -28,6 +28,7 @@ struct queue {
 
 static char *format_sql(const char *fmt, const char *a);
 static char *format_sql2(const char *fmt, const char *a);
+static char *format_sql_ab(const char *fmt, const char *a, const char *b);
 static char *key_array(const struct lease_key *keys, int n, int tokens);
 static struct task *task_from_cycle_row(PGresult *r, int i, double now, double visibility);
 static void ring_keep(struct queue *q, PGresult *r, int row);
@@ -41,6 +42,7 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   char *cycle_rows = db_table_object(t, c, "cycle_rows", 1);
   char *reap_rows = db_table_object(t, c, "reap_rows", 1);
   char *repair = db_table_object(t, c, "repair_heads", 1);
+  char *budgets = db_table_object(t, c, "budgets", 1);
   if (!q || !reap || !release || !cycle || !cycle_rows || !reap_rows || !repair)
     goto fail;
   /* How many were reaped, and of those how many went dead as quarantined or exhausted. */
@@ -51,11 +53,20 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->reap_rows_sql = format_sql(REAP_COUNTS, reap_rows);
 #undef REAP_COUNTS
   /* Only pending and leased rows: both have partial indexes, done/dead are never read. */
-  q->depth_sql = format_sql(
+  q->depth_sql = budgets ? format_sql_ab(
     "SELECT count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after <= now()), "
     "       count(*) FILTER (WHERE status = " SQL_PENDING " AND run_after > now()), "
-    "       count(*) FILTER (WHERE status = " SQL_LEASED ") "
-    "  FROM %s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")", t->qualified);
+    "       count(*) FILTER (WHERE status = " SQL_LEASED "), "
+    "       coalesce(extract(epoch FROM now() - min(run_after) "
+    "                FILTER (WHERE status = " SQL_PENDING " AND run_after <= now())), -1)::float8, "
+    "       (SELECT count(*) FROM %s WHERE paused_until > now()) "
+    "  FROM %s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")", budgets, t->qualified)
+    : NULL;
+  /* The metrics leader's lock (metrics.h): a session lock per table, on the lease thread's
+     connection, so it goes when the process or its connection does. */
+  q->leader_sql = format_sql(
+    "SELECT pg_try_advisory_lock(hashtextextended('leash.metrics' || chr(31) || "
+    "%s::regclass::oid::text, 0))", t->literal);
   /* The same text calls the cycle and its row-by-row fallback (sql/010). */
   static const char cycle_fmt[] =
     "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
@@ -91,10 +102,11 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->visibility_s = visibility_s;
   snprintf(q->visibility, sizeof q->visibility, "%.3f", visibility_s);
   if (!q->reap_sql || !q->release_sql || !q->heartbeat_sql || !q->open_sql || !q->owner ||
-      !q->cycle_sql || !q->depth_sql || !q->cycle_rows_sql || !q->reap_rows_sql ||
+      !q->cycle_sql || !q->depth_sql || !q->leader_sql || !q->cycle_rows_sql || !q->reap_rows_sql ||
       !q->repair_sql)
     goto fail;
   free(repair);
+  free(budgets);
   free(cycle);
   free(cycle_rows);
   free(reap);
@@ -103,6 +115,7 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   return q;
 fail:
   free(repair);
+  free(budgets);
   free(cycle);
   free(cycle_rows);
   free(reap);
@@ -132,6 +145,7 @@ void queue_free(struct queue *q)
   free(q->open_sql);
   free(q->cycle_sql);
   free(q->depth_sql);
+  free(q->leader_sql);
   free(q->repair_sql);
   free(q->owner);
   free(q->ring);
@@ -445,15 +459,28 @@ out:
   return rc;
 }
 
-int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t errlen)
+int queue_depth(struct queue *q, PGconn *c, struct queue_depth *out, char *err, size_t errlen)
 {
   PGresult *r = db_exec(c, q->depth_sql, 0, NULL, err, errlen);
   if (!r)
     return -1;
-  for (int i = 0; i < 3; i++)
-    out[i] = strtoll(PQgetvalue(r, 0, i), NULL, 10);
+  out->runnable = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+  out->scheduled = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+  out->leased = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+  out->oldest_runnable_s = atof(PQgetvalue(r, 0, 3));
+  out->budgets_paused = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
   PQclear(r);
   return 0;
+}
+
+int queue_metrics_leader(struct queue *q, PGconn *c, char *err, size_t errlen)
+{
+  PGresult *r = db_exec(c, q->leader_sql, 0, NULL, err, errlen);
+  if (!r)
+    return -1;
+  int got = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+  PQclear(r);
+  return got;
 }
 
 int queue_scope_open(struct queue *q, PGconn *c, const struct queue_scope *s, char *err,
@@ -841,6 +868,16 @@ static char *format_sql2(const char *fmt, const char *a)
   char *s = malloc(n);
   if (s)
     snprintf(s, n, fmt, a, a);
+  return s;
+}
+
+/* fmt with two different %s, a then b. */
+static char *format_sql_ab(const char *fmt, const char *a, const char *b)
+{
+  size_t n = strlen(fmt) + strlen(a) + strlen(b) + 1;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, fmt, a, b);
   return s;
 }
 

@@ -118,8 +118,17 @@ struct queue_script_sql {
 int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db_table *t);
 void queue_script_sql_free(struct queue_script_sql *s);
 
-/* Queue depth for metrics: runnable, scheduled (pending later), leased. 0 or -1. */
-int queue_depth(struct queue *q, PGconn *c, long long out[3], char *err, size_t errlen);
+/* The queue-wide numbers metrics export: tasks runnable, scheduled (pending later) and
+   leased, the oldest runnable task's wait in seconds (-1: none runnable), budgets paused. */
+struct queue_depth {
+  long long runnable, scheduled, leased, budgets_paused;
+  double oldest_runnable_s;
+};
+int queue_depth(struct queue *q, PGconn *c, struct queue_depth *out, char *err, size_t errlen);
+/* Tries to become (or stay) the table's metrics leader on connection c (a session advisory
+   lock on a key of the table's own): 1 leader, 0 another session is, -1 with err. Call it
+   once per session until it answers 1: each success stacks one more hold of the lock. */
+int queue_metrics_leader(struct queue *q, PGconn *c, char *err, size_t errlen);
 
 /* LISTEN on the table's wake-up channel ("leash_<table oid>", the trigger's name for it),
    as a statement. malloc'd, or NULL with err. */

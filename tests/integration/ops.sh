@@ -359,7 +359,7 @@ case_status_json_has_throughput_and_eta() {
   assert_contains "new keys last" "$j" ',"leases_by_worker":{"w1":10},"throughput_per_s_1m":0.667,"eta_s":90.0,"paused":[],"budgets":[]}'
 
   expect_exit 0 "$LEASH" status
-  assert_contains "text: rate" "$(<"$T_OUT")" "rate     0.67/s (done and dead in the last minute)"
+  assert_contains "text: rate" "$(<"$T_OUT")" "rate     0.67/s (done and dead in the last minute, or since the first claim)"
   assert_contains "text: eta" "$(<"$T_OUT")" "eta      1m 30s (pending and leased at that rate)"
 
   # Scoped: a tenant with nothing finishing has no ETA.
@@ -447,6 +447,127 @@ case_status_watch_falls_back_to_lines_when_not_a_tty() {
   assert_contains "bar at 100%" "$out" "[##########"
   assert_contains "full bar" "$out" "100.0%  eta 0s"
   assert_contains "header" "$out" "agent_work_queue  "
+}
+
+# frames_of FILE: a terminal capture as plain lines: carriage returns and the redraw
+# sequences (ESC [ n F, ESC [ J) removed, so every frame's lines are lines.
+frames_of() { tr -d '\r' <"$1" | sed -E $'s/\033\\[[0-9]*F//g; s/\033\\[J//g'; }
+
+# watch_tty COLS OUT: one capture of `status --watch` on a pseudo-terminal COLS wide, of
+# about three frames, stopped by one TERM from timeout (exit 124 through script -e).
+watch_tty() {
+  expect_exit 124 env TERM=xterm timeout -k 5 30 script -qec \
+    "stty cols $1; $(printf '%q ' timeout --foreground -k 3 1.5 "$LEASH" status --watch --interval 0.4)" /dev/null
+  frames_of "$T_OUT" >"$2"
+}
+
+case_watch_on_80_and_40_columns_keeps_every_count_and_shows_dead_tasks() {
+  command -v script >/dev/null || { echo "# no script(1): skipped" >&2; return 0; }
+  new_queue
+  local long=nightly-batch-with-a-long-name   # 30 characters, the widest label
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, finished_at)
+     select 't', 'd' || g, '{}', '$long', 'done', now() - interval '2 minutes' from generate_series(1, 9000) g;
+     insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, finished_at)
+     select 't', 'x' || g, '{}', '$long', 'dead', now() - interval '2 minutes' from generate_series(1, 1061) g;
+     insert into agent_work_queue (tenant_id, shard_key, payload, batch)
+     select 't', 'p' || g, '{}', '$long' from generate_series(1, 1234) g;
+     insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, lease_owner, locked_until)
+     select 't', 'l' || g, '{}', '$long', 'leased', 'w1', now() + interval '1 hour' from generate_series(1, 567) g;
+     insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, finished_at)
+     select 't', 'c' || g, '{}', 'clean-looking', 'done', now() - interval '1 second' from generate_series(1, 939) g;
+     insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, finished_at)
+     select 't', 'k' || g, '{}', 'clean-looking', 'dead', now() - interval '1 second' from generate_series(1, 61) g" >/dev/null
+  local cols out
+  for cols in 80 40; do
+    watch_tty "$cols" "$T_TMP/w$cols"
+    out=$(<"$T_TMP/w$cols")
+    local long_lines
+    long_lines=$(awk -v w="$cols" 'length($0) > w - 1' "$T_TMP/w$cols")
+    assert_eq "$cols columns: no line is wider than the terminal" "$long_lines" ""
+    assert_not_contains "$cols columns: nothing is cut" "$out" "nightly-batch-with-a-long-nam "
+    # Each count of both batches, whole, in every frame (wrapped or not).
+    local frames word
+    frames=$(grep -c "^agent_work_queue  " <<<"$out")
+    ((frames >= 2)) || fail "$cols columns: want at least 2 frames, got $frames: $out"
+    for word in "done 9000" "dead 1061" "pending 1234" "leased 567" "done 939" "dead 61" \
+                "pending 0" "leased 0" "84.8%" "100.0%" "eta -" "eta 0s"; do
+      local seen
+      seen=$(grep -Ec "(^| )${word}( |$)" <<<"$out")
+      ((seen >= frames)) || fail "$cols columns: '$word' in $seen of $frames frames: $out"
+    done
+  done
+  # At 80 columns the bars stay (the stats wrap under them) and dead tasks have their own
+  # glyph: a batch that finished with 61 dead does not look clean.
+  out=$(<"$T_TMP/w80")
+  grep -Eq '^clean-looking +\[#+x+\]$' <<<"$out" \
+    || fail "80 columns: want a bar with dead tasks for clean-looking: $out"
+  grep -Eq '^nightly-batch-with-a-long-name \[#+x+\.+\]$' <<<"$out" \
+    || fail "80 columns: want done, dead and open in the long batch's bar: $out"
+  assert_contains "legend" "$out" "(# done, x dead;"
+  # At 40 the bar goes first, then the stats wrap under the label.
+  assert_not_contains "40 columns: no bar" "$(<"$T_TMP/w40")" "[#"
+}
+
+case_watch_notes_when_a_batch_total_grows() {
+  new_queue
+  local i
+  for i in 1 2 3; do expect_exit 0 "$LEASH" enqueue --batch g "{\"i\":$i}"; done
+  "$LEASH" status --watch --interval 0.2 --batch g >"$T_TMP/g.out" 2>&1 &
+  local pid=$!
+  t_on_exit t_kill "$pid"
+  wait_for "a first frame" 10 grep -q 'total=3 ' "$T_TMP/g.out"
+  assert_not_contains "no note before it grows" "$(<"$T_TMP/g.out")" "total_grew_by"
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch)
+     select 'default', 'n' || g, '{}', 'g' from generate_series(1, 5) g" >/dev/null
+  wait_for "a frame that says the total grew by 5" 10 grep -q 'total=8 .* total_grew_by=5$' "$T_TMP/g.out"
+  wait_for "the next frame without the note" 10 grep -Eq 'total=8 progress=[0-9.]+% rate=[0-9.]+/s eta=[^ ]+$' "$T_TMP/g.out"
+  kill -TERM "$pid"
+  wait_for "status --watch to exit" 10 gone "$pid"
+
+  # --json: every batch has total_grew_by, 0 when it did not grow.
+  expect_exit 124 timeout --foreground -k 3 0.5 "$LEASH" status --watch --json --interval 0.2
+  assert_eq "json: total_grew_by" "$(jget "$(head -n 1 "$T_OUT")" '[b["total_grew_by"] for b in j["batches"]]')" '[0]'
+
+  # On a terminal: a note line under the bar that stays, with the growth since the start.
+  command -v script >/dev/null || { echo "# no script(1): terminal part skipped" >&2; return 0; }
+  (
+    for ((i = 0; i < 200; i++)); do grep -q 'every 0.3s' "$T_OUT" 2>/dev/null && break; sleep 0.05; done
+    q "insert into agent_work_queue (tenant_id, shard_key, payload, batch)
+       select 'default', 'm' || g, '{}', 'g' from generate_series(1, 2) g" >/dev/null
+  ) &
+  local updater=$!
+  t_on_exit t_kill "$updater"
+  expect_exit 124 env TERM=xterm timeout -k 5 30 script -qec \
+    "$(printf '%q ' timeout --foreground -k 3 3 "$LEASH" status --watch --interval 0.3 --batch g)" /dev/null
+  wait "$updater"
+  assert_contains "tty note" "$(frames_of "$T_OUT")" "^ total grew: +2 since the last frame, +2 since the watch began"
+  assert_contains "tty note stays" "$(frames_of "$T_OUT")" "^ total grew: +0 since the last frame, +2 since the watch began"
+}
+
+case_status_and_the_watch_give_one_eta_for_a_batch() {
+  new_queue
+  # A batch whose first claim was 20 s ago: 10 finished, 30 open. Rate 10/20 s = 0.5/s, ETA
+  # 60 s, in status, status --json and the watch (a second or two later: within 10%).
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, started_at, finished_at)
+     select 't', 'd' || g, '{}', 'e', 'done', now() - interval '20 seconds', now() - interval '5 seconds' from generate_series(1, 10) g;
+     insert into agent_work_queue (tenant_id, shard_key, payload, batch)
+     select 't', 'p' || g, '{}', 'e' from generate_series(1, 30) g" >/dev/null
+  expect_exit 0 "$LEASH" status --json --batch e
+  local once all watch
+  once=$(jget "$(<"$T_OUT")" 'j["eta_s"]')
+  expect_exit 0 "$LEASH" status --json
+  all=$(jget "$(<"$T_OUT")" 'j["eta_s"]')
+  expect_exit 124 timeout --foreground -k 3 0.5 "$LEASH" status --watch --json --interval 0.2
+  watch=$(jget "$(head -n 1 "$T_OUT")" 'j["batches"][0]["eta_s"]')
+  python3 - "$once" "$all" "$watch" <<'PY' || fail "ETAs disagree: status --batch $once, status $all, watch $watch"
+import sys
+v = [float(x) for x in sys.argv[1:]]
+sys.exit(0 if all(57 <= x <= 66 for x in v) else 1)
+PY
+  expect_exit 0 "$LEASH" status --batch e
+  assert_contains "text states the window" "$(<"$T_OUT")" "(done and dead in the last minute, or since the first claim)"
+  expect_exit 0 "$LEASH" status --help
+  assert_contains "help states the definition" "$(<"$T_OUT")" "ETA"
 }
 
 t_run "$@"
