@@ -17,12 +17,18 @@
 #include <string.h>
 #include <strings.h>
 
+#define RECORD_MAX_SEEN 32
+
 struct record {
   json_t *task;       /* id, attempt, max_attempts, tenant_id, shard_key, batch, payload */
   json_t *events;     /* in the order they happened; each has "type" */
   char *version;
   size_t bytes;       /* the compact JSON of task and events so far */
   int truncated;
+  /* Values of credential headers seen so far: secrets for the rest of the recording too (a
+     server that echoes the request would otherwise hand them back in its body). */
+  char *seen[RECORD_MAX_SEEN];
+  int nseen;
 };
 
 /* Set before threads start, read-only afterwards (record.h). */
@@ -40,10 +46,12 @@ static const char *const secret_headers[] = {
   "authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie",
 };
 
-static json_t *jstr(const char *s, size_t len);
-static json_t *redact_tree(json_t *v);
-static json_t *lua_json(lua_State *L, int idx);
-static json_t *headers_of(lua_State *L, int idx);
+static json_t *jstr(struct record *r, const char *s, size_t len);
+static char *redact_r(struct record *r, const char *s, size_t len);
+static json_t *redact_tree(struct record *r, json_t *v);
+static json_t *lua_json(struct record *r, lua_State *L, int idx);
+static json_t *headers_of(struct record *r, lua_State *L, int idx);
+static void note_secret(struct record *r, const char *v, size_t n);
 static void add_event(struct record *r, json_t *ev);
 static char *replace_matches(char *s, const regex_t *re);
 
@@ -194,13 +202,13 @@ void record_begin(struct task *t, const char *version)
   json_t *payload = NULL;
   if (t->payload) {
     json_t *raw = json_loads(t->payload, JSON_DECODE_ANY, NULL);
-    payload = raw ? redact_tree(raw) : jstr(t->payload, strlen(t->payload));
+    payload = raw ? redact_tree(r, raw) : jstr(r, t->payload, strlen(t->payload));
     json_decref(raw);
   }
   r->task = json_pack("{sI si si ss ss so? so}", "id", (json_int_t)t->id, "attempt", t->attempt,
                       "max_attempts", t->max_attempts, "tenant_id", t->tenant_id ? t->tenant_id : "",
                       "shard_key", t->shard_key ? t->shard_key : "",
-                      "batch", t->batch ? jstr(t->batch, strlen(t->batch)) : NULL,
+                      "batch", t->batch ? jstr(r, t->batch, strlen(t->batch)) : NULL,
                       "payload", payload ? payload : json_null());
   if (!r->version || !r->events || !r->task) {
     record_free(r);
@@ -224,6 +232,8 @@ void record_free(struct record *r)
   json_decref(r->task);
   json_decref(r->events);
   free(r->version);
+  for (int i = 0; i < r->nseen; i++)
+    free(r->seen[i]);
   free(r);
 }
 
@@ -233,10 +243,11 @@ void record_http(struct task *t, lua_State *L, const char *method, const char *u
   struct record *r = t ? t->rec : NULL;
   if (!r || r->truncated)
     return;
+  /* The headers first: their credentials are then redacted from the URL and body too. */
+  json_t *headers = hidx ? headers_of(r, L, hidx) : json_object();
   json_t *ev = json_pack("{ss ss so so so}", "type", "http", "method", method,
-                         "url", jstr(url, strlen(url)),
-                         "headers", hidx ? headers_of(L, hidx) : json_object(),
-                         "body", body ? jstr(body, body_len) : json_null());
+                         "url", jstr(r, url, strlen(url)), "headers", headers,
+                         "body", body ? jstr(r, body, body_len) : json_null());
   if (!ev)
     return;
   if (ridx) {
@@ -247,12 +258,12 @@ void record_http(struct task *t, lua_State *L, const char *method, const char *u
     size_t n = 0;
     const char *b = lua_tolstring(L, -1, &n);
     lua_getfield(L, ridx, "headers");
-    json_object_set_new(ev, "response",
-                        json_pack("{sI so so}", "status", status, "headers", headers_of(L, -1),
-                                  "body", jstr(b ? b : "", n)));
+    json_t *rh = headers_of(r, L, -1);   /* a Set-Cookie is then redacted from the body */
+    json_object_set_new(ev, "response", json_pack("{sI so so}", "status", status, "headers", rh,
+                                                  "body", jstr(r, b ? b : "", n)));
     lua_pop(L, 3);
   } else {
-    json_object_set_new(ev, "error", jstr(error, strlen(error)));
+    json_object_set_new(ev, "error", jstr(r, error, strlen(error)));
   }
   add_event(r, ev);
 }
@@ -265,15 +276,15 @@ void record_db(struct task *t, lua_State *L, const char *sql, int nparams,
     return;
   json_t *ps = json_array();
   for (int i = 0; i < nparams; i++)
-    json_array_append_new(ps, params[i] ? jstr(params[i], strlen(params[i])) : json_null());
-  json_t *ev = json_pack("{ss so so}", "type", "db", "sql", jstr(sql, strlen(sql)), "params", ps);
+    json_array_append_new(ps, params[i] ? jstr(r, params[i], strlen(params[i])) : json_null());
+  json_t *ev = json_pack("{ss so so}", "type", "db", "sql", jstr(r, sql, strlen(sql)), "params", ps);
   if (!ev)
     return;
   if (ridx) {
-    json_object_set_new(ev, "rows", lua_json(L, ridx));
+    json_object_set_new(ev, "rows", lua_json(r, L, ridx));
     json_object_set_new(ev, "affected", json_integer((json_int_t)affected));
   } else {
-    json_object_set_new(ev, "error", jstr(error, strlen(error)));
+    json_object_set_new(ev, "error", jstr(r, error, strlen(error)));
   }
   add_event(r, ev);
 }
@@ -283,8 +294,8 @@ void record_step(struct task *t, lua_State *L, const char *name, int cached, int
   struct record *r = t ? t->rec : NULL;
   if (!r || r->truncated)
     return;
-  add_event(r, json_pack("{ss so sb so}", "type", "step", "name", jstr(name, strlen(name)),
-                         "cached", cached, "result", lua_json(L, vidx)));
+  add_event(r, json_pack("{ss so sb so}", "type", "step", "name", jstr(r, name, strlen(name)),
+                         "cached", cached, "result", lua_json(r, L, vidx)));
 }
 
 void record_enqueue(struct task *t, long long id, const char *payload_json)
@@ -293,7 +304,7 @@ void record_enqueue(struct task *t, long long id, const char *payload_json)
   if (!r || r->truncated)
     return;
   json_t *raw = json_loads(payload_json, JSON_DECODE_ANY, NULL);
-  json_t *payload = raw ? redact_tree(raw) : jstr(payload_json, strlen(payload_json));
+  json_t *payload = raw ? redact_tree(r, raw) : jstr(r, payload_json, strlen(payload_json));
   json_decref(raw);
   add_event(r, json_pack("{ss sI so}", "type", "enqueue", "id", (json_int_t)id,
                          "payload", payload));
@@ -315,13 +326,13 @@ void record_store(PGconn *c, const struct db_table *tbl, struct task *t, int app
   json_t *result = NULL;
   if (o->result) {
     json_t *raw = json_loads(o->result, JSON_DECODE_ANY, NULL);
-    result = raw ? redact_tree(raw) : jstr(o->result, strlen(o->result));
+    result = raw ? redact_tree(r, raw) : jstr(r, o->result, strlen(o->result));
     json_decref(raw);
   }
   json_t *outcome = json_pack(
     "{ss ss ss so so sb}", "status", dead ? "dead" : applied == SETTLED_DONE ? "done" : "retry",
     "kind", lifecycle_kind_sql(o->kind), "cause", lifecycle_cause_name(cause),
-    "error", o->error ? jstr(o->error, strlen(o->error)) : json_null(),
+    "error", o->error ? jstr(r, o->error, strlen(o->error)) : json_null(),
     "result", result ? result : json_null(), "exhausted", dead && o->kind == OUTCOME_RETRY);
   json_t *env = json_array();
   char names[sizeof cfg.env];
@@ -362,16 +373,62 @@ void record_store(PGconn *c, const struct db_table *tbl, struct task *t, int app
 
 /* ---- building the events ---- */
 
+/* record_redact, and the credential header values r has seen. */
+static char *redact_r(struct record *r, const char *s, size_t len)
+{
+  char *out = record_redact(s, len);
+  for (int i = 0; out && i < r->nseen; i++) {
+    const char *v = r->seen[i];
+    size_t vn = strlen(v);
+    char *hit;
+    while ((hit = strstr(out, v)) != NULL) {
+      size_t before = (size_t)(hit - out), after = strlen(hit + vn);
+      char *next = malloc(before + sizeof SECRETS_MARK + after);
+      if (next) {
+        memcpy(next, out, before);
+        memcpy(next + before, SECRETS_MARK, sizeof SECRETS_MARK - 1);
+        memcpy(next + before + sizeof SECRETS_MARK - 1, hit + vn, after + 1);
+      }
+      free(out);
+      out = next;
+      if (!out)
+        break;
+    }
+  }
+  return out;
+}
+
+/* A credential header's value (n bytes) becomes a secret of the recording: the whole value
+   and its last word ("Bearer TOKEN", "sid=TOKEN"), when SECRETS_MIN_REDACT bytes or more. */
+static void note_secret(struct record *r, const char *v, size_t n)
+{
+  if (memchr(v, '\0', n))
+    return;
+  const char *word = v;
+  for (const char *p = v; p < v + n; p++)
+    if (*p == ' ' || *p == '=')
+      word = p + 1;
+  const char *parts[] = { v, word };
+  size_t lens[] = { n, n - (size_t)(word - v) };
+  for (int i = 0; i < 2 && r->nseen < RECORD_MAX_SEEN; i++) {
+    if (lens[i] < SECRETS_MIN_REDACT || (i == 1 && word == v))
+      continue;
+    char *copy = strndup(parts[i], lens[i]);
+    if (copy)
+      r->seen[r->nseen++] = copy;
+  }
+}
+
 /* A JSON string of s, redacted; a text that JSON or jsonb cannot hold (a NUL, bytes that
    are not UTF-8) is replaced by a note of its size. Never NULL but on no memory. */
-static json_t *jstr(const char *s, size_t len)
+static json_t *jstr(struct record *r, const char *s, size_t len)
 {
   if (memchr(s, '\0', len)) {
     char note[64];
     snprintf(note, sizeof note, "[binary: %zu bytes]", len);
     return json_string(note);
   }
-  char *red = record_redact(s, len);
+  char *red = redact_r(r, s, len);
   if (!red)
     return NULL;
   json_t *v = json_string(red);
@@ -385,17 +442,17 @@ static json_t *jstr(const char *s, size_t len)
 }
 
 /* A redacted copy of v (keys too); v is not consumed. */
-static json_t *redact_tree(json_t *v)
+static json_t *redact_tree(struct record *r, json_t *v)
 {
   switch (json_typeof(v)) {
   case JSON_STRING:
-    return jstr(json_string_value(v), json_string_length(v));
+    return jstr(r, json_string_value(v), json_string_length(v));
   case JSON_ARRAY: {
     json_t *a = json_array();
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e)
-      json_array_append_new(a, redact_tree(e));
+      json_array_append_new(a, redact_tree(r, e));
     return a;
   }
   case JSON_OBJECT: {
@@ -403,8 +460,8 @@ static json_t *redact_tree(json_t *v)
     const char *k;
     json_t *e;
     json_object_foreach(v, k, e) {
-      char *rk = record_redact(k, strlen(k));
-      json_object_set_new(o, rk ? rk : "", redact_tree(e));
+      char *rk = redact_r(r, k, strlen(k));
+      json_object_set_new(o, rk ? rk : "", redact_tree(r, e));
       free(rk);
     }
     return o;
@@ -415,7 +472,7 @@ static json_t *redact_tree(json_t *v)
 }
 
 /* The Lua value at idx as redacted JSON (the host's encoding; nil is null). */
-static json_t *lua_json(lua_State *L, int idx)
+static json_t *lua_json(struct record *r, lua_State *L, int idx)
 {
   idx = lua_absindex(L, idx);
   if (lua_isnoneornil(L, idx))
@@ -425,14 +482,14 @@ static json_t *lua_json(lua_State *L, int idx)
   if (!text)
     return json_string("[not JSON]");
   json_t *raw = json_loads(text, JSON_DECODE_ANY, NULL);
-  json_t *v = raw ? redact_tree(raw) : json_string("[not JSON]");
+  json_t *v = raw ? redact_tree(r, raw) : json_string("[not JSON]");
   json_decref(raw);
   free(text);
   return v;
 }
 
 /* { name = value } of the table at idx, names as given, credential values replaced. */
-static json_t *headers_of(lua_State *L, int idx)
+static json_t *headers_of(struct record *r, lua_State *L, int idx)
 {
   json_t *o = json_object();
   if (!lua_istable(L, idx))
@@ -448,8 +505,10 @@ static json_t *headers_of(lua_State *L, int idx)
       lua_pushvalue(L, -1);   /* tolstring converts a number in place: not the key's slot */
       size_t n;
       const char *v = lua_tolstring(L, -1, &n);
-      char *rk = record_redact(name, strlen(name));
-      json_object_set_new(o, rk ? rk : "", secret ? json_string(SECRETS_MARK) : jstr(v, n));
+      if (secret)
+        note_secret(r, v, n);
+      char *rk = redact_r(r, name, strlen(name));
+      json_object_set_new(o, rk ? rk : "", secret ? json_string(SECRETS_MARK) : jstr(r, v, n));
       free(rk);
       lua_pop(L, 1);
     }
