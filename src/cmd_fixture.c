@@ -16,8 +16,8 @@ static const char usage[] =
   "the recorded HTTP exchanges and leash.db.query answers are served by leash.testing's\n"
   "fakes. For a dead task it fails while the script still ends the way the task did and\n"
   "passes once it does not; for a task that did not go dead it checks the recorded outcome.\n"
-  "Run it with: busted --lua=lua5.4 --lpath='<folder of leash/testing.lua>/?.lua' SPEC\n"
-  "(LEASH_FIXTURE_SCRIPT=path overrides the script the recording names).\n\n"
+  "The spec's first lines say how to run it; LEASH_FIXTURE_SCRIPT=path runs another script\n"
+  "than the one the recording names (the fixed one).\n\n"
   "options:\n"
   "  --out DIR             the folder to write to (default: the current one; it must exist)\n\n";
 
