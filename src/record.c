@@ -20,10 +20,9 @@
 #define RECORD_MAX_SEEN 32
 
 struct record {
-  json_t *task;       /* id, attempt, max_attempts, tenant_id, shard_key, batch, payload */
   json_t *events;     /* in the order they happened; each has "type" */
   char *version;
-  size_t bytes;       /* the compact JSON of task and events so far */
+  size_t bytes;       /* the payload's text and the compact JSON of the events so far */
   int truncated;
   /* Values of credential headers seen so far: secrets for the rest of the recording too (a
      server that echoes the request would otherwise hand them back in its body). */
@@ -199,37 +198,44 @@ void record_begin(struct task *t, const char *version)
     return;
   r->version = strdup(version ? version : "");
   r->events = json_array();
+  if (!r->version || !r->events) {
+    record_free(r);
+    return;
+  }
+  /* The payload is parsed and redacted only when the recording is stored (most are not);
+     its text's size counts against the cap from the start. */
+  r->bytes = t->payload ? strlen(t->payload) : 0;
+  if (r->bytes > cfg.max)
+    r->truncated = 1;
+  t->rec = r;
+}
+
+/* The task's part of a stored recording; the payload replaced by a note when it alone
+   filled the cap. */
+static json_t *task_json(struct record *r, const struct task *t)
+{
   json_t *payload = NULL;
-  if (t->payload) {
+  if (t->payload && strlen(t->payload) > cfg.max) {
+    payload = json_string("[over --record-max]");
+  } else if (t->payload) {
     json_t *raw = json_loads(t->payload, JSON_DECODE_ANY, NULL);
     payload = raw ? redact_tree(r, raw) : jstr(r, t->payload, strlen(t->payload));
     json_decref(raw);
   }
-  r->task = json_pack("{sI si si ss ss so? so}", "id", (json_int_t)t->id, "attempt", t->attempt,
-                      "max_attempts", t->max_attempts, "tenant_id", t->tenant_id ? t->tenant_id : "",
-                      "shard_key", t->shard_key ? t->shard_key : "",
-                      "batch", t->batch ? jstr(r, t->batch, strlen(t->batch)) : NULL,
-                      "payload", payload ? payload : json_null());
-  if (!r->version || !r->events || !r->task) {
-    record_free(r);
-    return;
-  }
-  char *text = json_dumps(r->task, JSON_COMPACT);
-  r->bytes = text ? strlen(text) : 0;
-  free(text);
-  if (r->bytes > cfg.max) {
-    /* The payload alone fills the cap: keep the task's names, mark the rest as cut. */
-    json_object_set_new(r->task, "payload", json_string("[over --record-max]"));
-    r->truncated = 1;
-  }
-  t->rec = r;
+  return json_pack("{sI si si so so so? so}", "id", (json_int_t)t->id, "attempt", t->attempt,
+                   "max_attempts", t->max_attempts,
+                   "tenant_id", jstr(r, t->tenant_id ? t->tenant_id : "",
+                                     t->tenant_id ? strlen(t->tenant_id) : 0),
+                   "shard_key", jstr(r, t->shard_key ? t->shard_key : "",
+                                     t->shard_key ? strlen(t->shard_key) : 0),
+                   "batch", t->batch ? jstr(r, t->batch, strlen(t->batch)) : NULL,
+                   "payload", payload ? payload : json_null());
 }
 
 void record_free(struct record *r)
 {
   if (!r)
     return;
-  json_decref(r->task);
   json_decref(r->events);
   free(r->version);
   for (int i = 0; i < r->nseen; i++)
@@ -339,8 +345,8 @@ void record_store(PGconn *c, const struct db_table *tbl, struct task *t, int app
   snprintf(names, sizeof names, "%s", cfg.env);
   for (char *save = NULL, *n = strtok_r(names, ",", &save); n; n = strtok_r(NULL, ",", &save))
     json_array_append_new(env, json_string(n));
-  json_t *body = json_pack("{ss ss so sO sO so sb}", "script", cfg.script ? cfg.script : "",
-                           "version", r->version, "env", env, "task", r->task,
+  json_t *body = json_pack("{ss ss so so sO so sb}", "script", cfg.script ? cfg.script : "",
+                           "version", r->version, "env", env, "task", task_json(r, t),
                            "events", r->events, "outcome", outcome, "truncated", r->truncated);
   char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
