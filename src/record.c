@@ -51,6 +51,7 @@ static json_t *redact_tree(struct record *r, json_t *v);
 static json_t *lua_json(struct record *r, lua_State *L, int idx);
 static json_t *headers_of(struct record *r, lua_State *L, int idx);
 static void note_secret(struct record *r, const char *v, size_t n);
+static json_t *url_json(struct record *r, const char *url);
 static void add_event(struct record *r, json_t *ev);
 static char *replace_matches(char *s, const regex_t *re);
 
@@ -252,7 +253,7 @@ void record_http(struct task *t, lua_State *L, const char *method, const char *u
   /* The headers first: their credentials are then redacted from the URL and body too. */
   json_t *headers = hidx ? headers_of(r, L, hidx) : json_object();
   json_t *ev = json_pack("{ss ss so so so}", "type", "http", "method", method,
-                         "url", jstr(r, url, strlen(url)), "headers", headers,
+                         "url", url_json(r, url), "headers", headers,
                          "body", body ? jstr(r, body, body_len) : json_null());
   if (!ev)
     return;
@@ -402,6 +403,30 @@ static char *redact_r(struct record *r, const char *s, size_t len)
     }
   }
   return out;
+}
+
+/* url redacted, with its user:password@ (credentials in the authority) replaced too. */
+static json_t *url_json(struct record *r, const char *url)
+{
+  const char *scheme = strstr(url, "://");
+  const char *host = scheme ? scheme + 3 : NULL;
+  const char *end = host ? host + strcspn(host, "/?#") : NULL;
+  const char *at = NULL;
+  for (const char *p = host; p && p < end; p++)
+    if (*p == '@')
+      at = p;
+  if (!at)
+    return jstr(r, url, strlen(url));
+  size_t head = (size_t)(host - url), n = strlen(url);
+  char *copy = malloc(n + sizeof SECRETS_MARK);
+  if (!copy)
+    return NULL;
+  memcpy(copy, url, head);
+  memcpy(copy + head, SECRETS_MARK, sizeof SECRETS_MARK - 1);
+  memcpy(copy + head + sizeof SECRETS_MARK - 1, at, n - (size_t)(at - url) + 1);
+  json_t *v = jstr(r, copy, strlen(copy));
+  free(copy);
+  return v;
 }
 
 /* A credential header's value (n bytes) becomes a secret of the recording: the whole value

@@ -144,6 +144,8 @@ EOF
   # The events stay within the cap; task, outcome and names come on top, a few hundred bytes.
   ((bytes <= 8192 + 2048)) || fail "bytes stored: $bytes"
   assert_eq "the outcome is kept" "$(q "select body->'outcome'->>'error' from agent_work_queue_recordings where task_id = 1")" "after 40 calls"
+  expect_exit 0 "$LEASH" fixture 1 --out "$T_TMP"
+  assert_contains "fixture of a cut recording says so" "$(<"$T_ERR")" "truncated at --record-max"
   # Under the default cap (1MB) the same task is kept whole.
   run_setup whole
   enqueue_file "$T_TMP/jobs.jsonl" 2
@@ -175,7 +177,8 @@ case_secrets_are_redacted_by_class_from_recordings_logs_fixtures_and_last_error(
   assert_eq "response Set-Cookie" "$(q "select body->'events'->0->'response'->'headers'->>'set-cookie' from agent_work_queue_recordings")" "[redacted]"
   # A header outside the list keeps its name, its secrets are redacted inside it.
   assert_eq "X-Echo" "$(q "select body->'events'->0->'headers'->>'X-Echo' from agent_work_queue_recordings")" "[redacted] [redacted]"
-  assert_contains "the URL keeps its shape" "$body" '/echo?api_key=[redacted]&acct=[redacted]'
+  assert_contains "the URL keeps its shape" "$body" '"http://[redacted]@127.0.0.1:'
+  assert_contains "the URL keeps its query" "$body" '/echo?api_key=[redacted]&acct=[redacted]'
   assert_contains "db params" "$body" '"params": ["[redacted]", "[redacted]"]'
   # No secret anywhere: the env value (URL, header, body, db param and rows, error), the plain
   # header values (echoed back in the response body too) and the custom pattern's matches.
@@ -189,7 +192,7 @@ case_secrets_are_redacted_by_class_from_recordings_logs_fixtures_and_last_error(
       log) text=$(<"$T_TMP/run.log") ;;
     esac
     for secret in "$KEY" sk-record auth-plain-111111 proxy-plain-222222 xkey-plain-333333 \
-      apikey-plain-444444 cookie-plain-555555 setcookie-plain-666666; do
+      apikey-plain-444444 cookie-plain-555555 setcookie-plain-666666 userinfo-plain-777777; do
       assert_not_contains "$where holds no $secret" "$text" "$secret"
     done
     [[ $where == last_error || $where == log ]] && continue   # patterns are the recording's
