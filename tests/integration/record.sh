@@ -86,6 +86,26 @@ case_a_request_the_recording_does_not_hold_is_reported_as_not_in_the_recording()
   assert_contains "the divergence is named" "$(<"$T_OUT")" "/v1/other is not in the recording"
 }
 
+case_a_step_stored_by_an_earlier_attempt_is_given_back_in_the_replay_not_run() {
+  run_setup
+  start_mock
+  grade_job "grade this [mock:bad-grade]" 2 >"$T_TMP/jobs.jsonl"
+  enqueue_file "$T_TMP/jobs.jsonl" 1
+  run_all "$RFIX/step.lua"
+  assert_eq "dead on attempt 2" "$(q "select status || ' ' || attempts from agent_work_queue")" "dead 2"
+  assert_eq "the recording: one cached step, no exchange" \
+    "$(q "select string_agg(e->>'type' || ':' || (e->>'cached'), ',') from agent_work_queue_recordings,
+            jsonb_array_elements(body->'events') e")" "step:true"
+  expect_exit 0 "$LEASH" fixture 1 --out "$T_TMP"
+  t_kill "$MOCK_PID"
+  # Had the replay run the step, its request would not be in the recording.
+  expect_exit 1 "${BUSTED[@]}" "$T_TMP/1_spec.lua"
+  assert_contains "fails as recorded" "$(<"$T_OUT")" "ended as recorded: dead (script_error): grade 9 out of range"
+  sed 's/  if grade > 5 then error("grade " .. grade .. " out of range") end/  grade = math.min(grade, 5)/' \
+    "$RFIX/step.lua" >"$T_TMP/step_fixed.lua"
+  LEASH_FIXTURE_SCRIPT=$T_TMP/step_fixed.lua expect_exit 0 "${BUSTED[@]}" "$T_TMP/1_spec.lua"
+}
+
 # ---------------------------------------------------------------- policy
 
 case_record_none_keeps_nothing_dead_keeps_the_last_execution_of_dead_tasks_all_keeps_every_one() {
