@@ -106,6 +106,23 @@ case_a_step_stored_by_an_earlier_attempt_is_given_back_in_the_replay_not_run() {
   LEASH_FIXTURE_SCRIPT=$T_TMP/step_fixed.lua expect_exit 0 "${BUSTED[@]}" "$T_TMP/1_spec.lua"
 }
 
+case_a_fixture_of_a_task_that_did_not_die_checks_that_its_outcome_still_holds() {
+  run_setup
+  start_mock
+  grade_job "grade this ticket" 1 >"$T_TMP/jobs.jsonl"
+  enqueue_file "$T_TMP/jobs.jsonl" 1
+  run_all "$RFIX/grade.lua" --record all
+  assert_eq "done" "$(q "select status from agent_work_queue")" "done"
+  expect_exit 0 "$LEASH" fixture 1 --out "$T_TMP"
+  t_kill "$MOCK_PID"
+  expect_exit 0 "${BUSTED[@]}" "$T_TMP/1_spec.lua"
+  # A change that breaks it is caught: the recorded outcome no longer holds.
+  sed 's/  return leash.ok { grade = grade, n = rows\[1\].n }/  return leash.fatal("broken")/' \
+    "$RFIX/grade.lua" >"$T_TMP/broken.lua"
+  LEASH_FIXTURE_SCRIPT=$T_TMP/broken.lua expect_exit 1 "${BUSTED[@]}" "$T_TMP/1_spec.lua"
+  assert_contains "names the change" "$(<"$T_OUT")" "Expected objects to be equal"
+}
+
 # ---------------------------------------------------------------- policy
 
 case_record_none_keeps_nothing_dead_keeps_the_last_execution_of_dead_tasks_all_keeps_every_one() {
