@@ -15,6 +15,7 @@
 #include "task_context.h"
 #include "buf.h"
 #include "provider.h"
+#include "record.h"
 
 #include <curl/curl.h>
 #include <lauxlib.h>
@@ -207,12 +208,19 @@ static int l_request(lua_State *L)
       if (budget)
         api_budget_end(L, &bc, NULL, -1, NULL);
       if (call->aborted)
-        return luaL_error(L, "leash.http.request: %s (%s %s)", call->aborted, method, where);
-      if (call->too_big)
-        return luaL_error(L, "leash.http.request: response body over %d MB (%s %s)",
-                          (int)(HTTP_MAX_BODY >> 20), method, where);
-      return luaL_error(L, "leash.http.request: %s%s%s (%s %s)", curl_easy_strerror(rc),
+        lua_pushfstring(L, "leash.http.request: %s (%s %s)", call->aborted, method, where);
+      else if (call->too_big)
+        lua_pushfstring(L, "leash.http.request: response body over %d MB (%s %s)",
+                        (int)(HTTP_MAX_BODY >> 20), method, where);
+      else
+        lua_pushfstring(L, "leash.http.request: %s%s%s (%s %s)", curl_easy_strerror(rc),
                         errbuf[0] ? ": " : "", errbuf, method, where);
+      record_http(call->task, L, method, url, lua_isnil(L, 6) ? 0 : 6, body, body_len, 0,
+                  lua_tostring(L, -1));
+      luaL_where(L, 1);
+      lua_insert(L, -2);
+      lua_concat(L, 2);
+      return lua_error(L);
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     count_response(L, budget, status);
@@ -245,6 +253,7 @@ static int l_request(lua_State *L)
   lua_setfield(L, -2, "headers");
   lua_pushlstring(L, call->body.s ? call->body.s : "", call->body.len);
   lua_setfield(L, -2, "body");
+  record_http(call->task, L, method, url, lua_isnil(L, 6) ? 0 : 6, body, body_len, -1, NULL);
   /* Now, not at the next collection: the collector cannot see the handle's or the body's
      size, and an agent's task may make many calls before one comes. */
   call_free(call);

@@ -12,6 +12,7 @@
 #include "luatext.h"
 #include "pgvalue.h"
 #include "queue.h"
+#include "record.h"
 #include "task_context.h"
 
 #include <lauxlib.h>
@@ -340,7 +341,9 @@ static int l_db_query(lua_State *L)
     lua_rawseti(L, -2, i + 1);
   }
   const char *affected = PQcmdTuples(r);
-  lua_pushinteger(L, *affected ? strtoll(affected, NULL, 10) : rows);
+  long long naffected = *affected ? strtoll(affected, NULL, 10) : rows;
+  record_db(taskctx_of(L)->task, L, sql, nparams, params, -1, naffected, NULL);
+  lua_pushinteger(L, naffected);
   result_free(L, box);
   return 2;
 }
@@ -379,6 +382,8 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
     size_t n = strlen(err);
     while (n > 0 && (err[n - 1] == '\n' || err[n - 1] == ' '))
       err[--n] = '\0';
+    if (strcmp(what, "leash.db.query") == 0)   /* a step's or a child's SQL is the host's */
+      record_db(t, L, sql, nparams, params, 0, 0, err);
     luaL_error(L, "%s: %s", what, err);
   }
   dbpool_put(h->pool, c);
@@ -417,6 +422,7 @@ static int l_step(lua_State *L)
     else if (jsonlua_decode(L, PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0), err,
                             sizeof err) != 0)
       return luaL_error(L, "leash.step: stored result of '%s' unreadable: %s", name, err);
+    record_step(t, L, name, 1, -1);
     result_free(L, -2);
     return 1;
   }
@@ -440,6 +446,7 @@ static int l_step(lua_State *L)
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.step: lease lost: step '%s' not stored", name);
   result_free(L, -1);
+  record_step(t, L, name, 0, res);
   lua_pushvalue(L, res);
   return 1;
 }
@@ -500,6 +507,7 @@ static int l_enqueue(lua_State *L)
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.enqueue: lease lost: child task not enqueued");
   lua_pushinteger(L, strtoll(PQgetvalue(r, 0, 0), NULL, 10));
+  record_enqueue(t, (long long)lua_tointeger(L, -1), lua_tostring(L, 3));
   result_free(L, -2);
   return 1;
 }

@@ -5,6 +5,7 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "queue.h"
+#include "record.h"
 #include "script.h"
 #include "secrets.h"
 
@@ -54,6 +55,16 @@ static const char run_usage[] =
   "  --env-allow NAME[,NAME...]  let scripts read these environment variables with\n"
   "                        leash.env (repeatable); their values (8 bytes and longer) are\n"
   "                        redacted from logs and task errors\n"
+  "  --record none|dead|all  keep what an execution did (HTTP exchanges, leash.db.query\n"
+  "                        statements and rows, steps, child tasks, the outcome) in\n"
+  "                        <table>_recordings: dead (default) the last execution of a task\n"
+  "                        that went dead, all every settled one; `leash fixture ID` makes\n"
+  "                        a busted spec of it\n"
+  "  --record-max SIZE     most bytes one recording keeps (default 1MB; a plain number is\n"
+  "                        bytes; past it the recording stops adding and is truncated)\n"
+  "  --record-redact REGEX  replace what matches this POSIX extended regex with [redacted]\n"
+  "                        in recordings (repeatable; credential headers and --env-allow\n"
+  "                        values are always redacted)\n"
   "  --backoff-base B      a retry without a delay waits least(cap, B ^ attempts) s, then\n"
   "                        jitter (default 2; 1 to 1000; a task's own backoff_base beats it)\n"
   "  --backoff-cap S       the longest backoff (default 1h; 0 to 1d; a task's backoff_cap\n"
@@ -85,7 +96,7 @@ enum {
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
   OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL, OPT_BACKOFF_BASE,
-  OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER,
+  OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER, OPT_RECORD, OPT_RECORD_MAX, OPT_RECORD_REDACT,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -125,9 +136,13 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "backoff-base", required_argument, NULL, OPT_BACKOFF_BASE },
     { "backoff-cap", required_argument, NULL, OPT_BACKOFF_CAP },
     { "backoff-jitter", required_argument, NULL, OPT_BACKOFF_JITTER },
+    { "record", required_argument, NULL, OPT_RECORD },
+    { "record-max", required_argument, NULL, OPT_RECORD_MAX },
+    { "record-redact", required_argument, NULL, OPT_RECORD_REDACT },
     { NULL, 0, NULL, 0 },
   };
-  size_t max_result = 0;
+  size_t max_result = 0, record_max = RECORD_DEFAULT_MAX;
+  enum record_policy record = RECORD_DEAD;
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
@@ -266,12 +281,29 @@ int cmd_run(struct cli *g, int argc, char **argv)
     case OPT_ENV_ALLOW:
       if ((rc = allow_env(g, optarg)) != 0)
         return rc;
+      record_note_env(optarg);
       break;
+    case OPT_RECORD:
+      if (record_parse_policy(optarg, &record) != 0)
+        return cli_usage_error(g, "--record must be none, dead or all, not '%s'", optarg);
+      break;
+    case OPT_RECORD_MAX:
+      if (cli_parse_size_in(optarg, 1, 1024, (size_t)1 << 30, &record_max) != 0)
+        return cli_usage_error(g, "--record-max must be a size from 1KB to 1GB (a plain "
+                               "number is bytes; 64KB, 1MB), not '%s'", optarg);
+      break;
+    case OPT_RECORD_REDACT: {
+      char err[300];
+      if (record_add_pattern(optarg, err, sizeof err) != 0)
+        return cli_usage_error(g, "%s", err);
+      break;
+    }
     }
   }
   if (argc - optind != 1)
     return cli_usage_error(g, argc == optind ? "missing SCRIPT.lua" : "too many arguments");
   cfg.script_path = argv[optind];
+  record_configure(record, record_max, cfg.script_path);
   /* The result's text lives outside the Lua heap, so it may never be larger than the heap
      is allowed to be: with --lua-memory 16 no task makes 600 MB of JSON. */
   cfg.max_result_bytes = max_result > 0 ? max_result : DEFAULT_MAX_RESULT_BYTES;

@@ -17,6 +17,7 @@ int cmd_report(struct cli *g, int argc, char **argv);
 int cmd_requeue(struct cli *g, int argc, char **argv);
 int cmd_inspect(struct cli *g, int argc, char **argv);
 int cmd_prune(struct cli *g, int argc, char **argv);
+int cmd_fixture(struct cli *g, int argc, char **argv);
 int cmd_tenant(struct cli *g, int argc, char **argv);
 int cmd_budget(struct cli *g, int argc, char **argv);
 int cmd_pause(struct cli *g, int argc, char **argv);

@@ -6,6 +6,7 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "migrate.h"
+#include "record.h"
 #include "report.h"
 #include "slot.h"
 
@@ -707,6 +708,9 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
     log_task(LOG_WARN, d->h, t, "late outcome rejected (%s): the lease was no longer ours",
              lifecycle_kind_sql(t->out.kind));
   }
+  /* After the settle, on the claim connection: a recorded execution costs one more
+     statement; the settle stays one round trip (record.h). */
+  record_store(d->conn, &d->h->table, t, applied);
   lease_registry_remove(d->h->leases, t);
   task_free(t);
 }

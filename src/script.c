@@ -5,6 +5,7 @@
 #include "json_lua.h"
 #include "lifecycle.h"
 #include "log.h"
+#include "record.h"
 #include "sandbox.h"
 #include "textfile.h"
 
@@ -207,6 +208,7 @@ void script_run(struct script *s, struct task *t)
   /* Nothing between here and the end of lua_pcall can raise outside it: a light C function
      and a light userdata take no memory, and the stack has LUA_MINSTACK free slots. */
   lua_settop(L, 0);
+  record_begin(t, s->version);   /* record.h: nothing when --record none */
   taskctx_begin(L, t, s->host->task_timeout);
   lua_pushcfunction(L, run_protected);
   lua_pushlightuserdata(L, &c);

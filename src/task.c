@@ -1,6 +1,8 @@
 /* task: freeing a task and the clock. See task.h. */
 #include "task.h"
 
+#include "record.h"
+
 #include <stdlib.h>
 #include <time.h>
 
@@ -13,6 +15,7 @@ void task_free(struct task *t)
   free(t->batch);
   free(t->payload);
   outcome_clear(&t->out);
+  record_free(t->rec);
   free(t);
 }
 

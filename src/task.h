@@ -34,6 +34,8 @@ struct task {
   struct outcome out;
   double duration;        /* seconds the script ran */
 
+  struct record *rec;     /* what this execution did (record.h), or NULL: not recorded */
+
   struct task *next;      /* intrusive list link, owned by whichever list holds it */
 };
 
