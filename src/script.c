@@ -30,6 +30,7 @@ struct script {
   int broken;
   char dir[1024];              /* the script's folder, for require of siblings */
   char version[SCRIPT_VERSION_LEN + 1];
+  char label[TASK_LABEL_MAX + 1];
   EVP_MD_CTX *hash;            /* while loading: the script's text and each module's */
 };
 
@@ -39,6 +40,7 @@ static int msg_handler(lua_State *L);
 static int tostring_protected(lua_State *L);
 static int ref_protected(lua_State *L);
 static int load_protected(lua_State *L);
+static int read_label(lua_State *L, int mod, const char *path);
 static int l_task_lease_lost(lua_State *L);
 static void hash_part(struct script *s, const char *name, const char *text, size_t len);
 static void module_read(struct task_ctx *c, const char *name, const char *text, size_t len);
@@ -179,6 +181,11 @@ const char *script_version(const struct script *s)
   return s->version;
 }
 
+const char *script_label(const struct script *s)
+{
+  return s->label;
+}
+
 int script_broken(const struct script *s)
 {
   return s->broken;
@@ -201,6 +208,9 @@ void script_run(struct script *s, struct task *t)
   lua_State *L = s->L;
   double start = task_now();
   t->run_start = start;   /* the run's start, written at settle: queue wait vs run time */
+  _Static_assert(sizeof t->version == SCRIPT_VERSION_LEN + 1, "task.h's version size");
+  memcpy(t->version, s->version, sizeof t->version);
+  memcpy(t->label, s->label, sizeof t->label);
   struct run_ctx c = { .s = s, .t = t, .stage = STAGE_TASK, .handle_rc = LUA_OK };
   c.out.delay = -1;
   s->refused = 0;
@@ -487,6 +497,31 @@ static int l_task_lease_lost(lua_State *L)
   return 1;
 }
 
+/* The module's optional `label` (for the attempt history) into the script's label; 0, or
+   -1 with the message pushed. A label is for people and report keys: short and one line. */
+static int read_label(lua_State *L, int mod, const char *path)
+{
+  void *ud = NULL;
+  lua_getallocf(L, &ud);   /* limited_alloc's: the script */
+  struct script *s = ud;
+  int type = lua_getfield(L, mod, "label");
+  size_t len = 0;
+  const char *v = type == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  int ok = type == LUA_TNIL || (v && len >= 1 && len <= TASK_LABEL_MAX);
+  for (size_t i = 0; ok && v && i < len; i++)
+    if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f)
+      ok = 0;
+  if (!ok) {
+    lua_pushfstring(L, "%s: label must be a string of 1 to %d bytes without control "
+                    "characters", path, TASK_LABEL_MAX);
+    return -1;
+  }
+  if (v)
+    memcpy(s->label, v, len + 1);
+  lua_pop(L, 1);
+  return 0;
+}
+
 /* Runs inside lua_pcall: builds the environment, loads and runs the chunk, checks the
    contract, runs setup, freezes the load-time globals. Arguments: text (light userdata),
    length, path. Returns the per-task entry around handle (sandbox.h). */
@@ -516,6 +551,8 @@ static int load_protected(lua_State *L)
     }
     if (lua_getfield(L, mod, "handle") != LUA_TFUNCTION)
       return luaL_error(L, "%s: the returned table has no handle function", path);
+    if (read_label(L, mod, path) != 0)
+      return lua_error(L);
   }
   sandbox_freeze(L);
   sandbox_wrap_handle(L);
