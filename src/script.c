@@ -208,9 +208,6 @@ void script_run(struct script *s, struct task *t)
   lua_State *L = s->L;
   double start = task_now();
   t->run_start = start;   /* the run's start, written at settle: queue wait vs run time */
-  _Static_assert(sizeof t->version == SCRIPT_VERSION_LEN + 1, "task.h's version size");
-  memcpy(t->version, s->version, sizeof t->version);
-  memcpy(t->label, s->label, sizeof t->label);
   struct run_ctx c = { .s = s, .t = t, .stage = STAGE_TASK, .handle_rc = LUA_OK };
   c.out.delay = -1;
   s->refused = 0;
