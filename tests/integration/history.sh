@@ -123,6 +123,17 @@ case_a_killed_worker_and_a_frozen_one_are_recorded_as_lost_by_the_reaper() {
     '[[false,2,2,0],[true,0,0,1]]'
 }
 
+case_a_task_wedged_past_the_watchdog_has_its_attempt_with_the_version_that_ran_it() {
+  run_setup
+  local id v
+  id=$(enqueue_ids '{"wedge":"sort"}')
+  v=$(version_of "$FIX/wedge.lua")
+  start_worker A "$FIX/wedge.lua" --task-timeout 2 --watchdog-grace 1 --poll-ms 20-50
+  assert_worker_exit A 60 3
+  assert_eq "the watchdog's settle is the attempt: a wedged retry, a crash, with its version"     "$(hist "$id" "attempt, kind, cause, status, crashed, worker, version = '$v', run_started_at is not null")" \
+    "1|retry|wedged|pending|t|A|t|t"
+}
+
 case_a_running_task_cancelled_ends_its_attempt_as_lost_cancelled() {
   run_setup
   local id
