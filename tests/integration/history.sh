@@ -151,9 +151,9 @@ case_a_running_task_cancelled_ends_its_attempt_as_lost_cancelled() {
 
 case_prune_deletes_a_tasks_attempts_and_requeue_keeps_them() {
   run_setup
-  local dead done
+  local dead kept
   dead=$(enqueue_ids '{"fatal":true}')
-  done=$(enqueue_ids '{"fail":1}')
+  kept=$(enqueue_ids '{"fail":1}')
   start_worker A "$FLAKY" --poll-ms 10-30 --until-empty
   assert_worker_exit A 60 0
   expect_exit 0 "$LEASH" requeue --id "$dead"
@@ -162,10 +162,10 @@ case_prune_deletes_a_tasks_attempts_and_requeue_keeps_them() {
   assert_eq "the requeued task kept its first attempt and added one (attempt 1 again)" \
     "$(hist "$dead" "attempt, kind, worker")" "1|dead|A
 1|dead|B"
-  assert_eq "the other: two attempts" "$(q "select count(*) from $A where task_id = $done")" 2
+  assert_eq "the other: two attempts" "$(q "select count(*) from $A where task_id = $kept")" 2
   expect_exit 0 "$LEASH" prune --older-than 0 --status dead
   assert_eq "prune of the dead one took its attempts" "$(q "select count(*) from $A where task_id = $dead")" 0
-  assert_eq "and left the done one's" "$(q "select count(*) from $A where task_id = $done")" 2
+  assert_eq "and left the done one's" "$(q "select count(*) from $A where task_id = $kept")" 2
   expect_exit 0 "$LEASH" prune --older-than 0 --chunk 1
   assert_eq "nothing of either is left" "$(q "select count(*) from $A")" 0
 }
