@@ -19,6 +19,8 @@ GRANT SELECT, INSERT ON agent_work_queue_usage TO leash_worker;
 GRANT USAGE ON SEQUENCE agent_work_queue_usage_id_seq TO leash_worker;
 GRANT SELECT, INSERT, UPDATE ON agent_work_queue_spend TO leash_worker;
 GRANT SELECT ON agent_work_queue_prices TO leash_worker;
+-- The attempt history (016): settle, reap and cancel write a row per execution.
+GRANT SELECT, INSERT ON agent_work_queue_attempts TO leash_worker;
 -- An application role that only enqueues (docs/enqueue-from-apps.md) needs SELECT, INSERT on
 -- the table and USAGE on its id sequence; <table>_enqueue and _enqueue_many run as it.
 -- `leash cancel` and `leash release` need UPDATE (granted above) and run as any of these.

@@ -1,6 +1,7 @@
 /* leash inspect: one task's row, its stored steps, and what is known of its history. */
 #include "commands.h"
 #include "migrate.h"
+#include "report.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +13,14 @@ static const char usage[] =
   "max_crashes, priority, is_head, lease_token, run_started_at, payload, result, ...), the\n"
   "last attempt's timings (last_attempt_s: run_started_at, or the claim for rows settled\n"
   "before it was recorded, to finished_at; start_wait_s: claim to start; pickup_wait_s:\n"
-  "runnable to claimed), and the steps stored for it (leash.step results, kept while the\n"
-  "task is pending, leased or dead). leash keeps no per-attempt history: only the last\n"
-  "attempt's error and timestamps are on the row.\n\n"
+  "runnable to claimed), the steps stored for it (leash.step results, kept while the task\n"
+  "is pending, leased or dead), and its history: every execution in claim order (attempt,\n"
+  "lease token, outcome kind and cause, the status it left, worker, script version and\n"
+  "label, queue wait, run time, error, and the tokens and cost of its budgeted calls).\n\n"
   "options:\n"
-  "  --json                one JSON object: {\"task\": the row, \"steps\": [...], \"history\": null,\n"
-  "                        \"timings\": {\"last_attempt_s\", \"start_wait_s\", \"pickup_wait_s\"}}\n\n";
+  "  --json                one JSON object: {\"task\": the row, \"steps\": [...], \"history\":\n"
+  "                        [...], \"timings\": {\"last_attempt_s\", \"start_wait_s\",\n"
+  "                        \"pickup_wait_s\"}}\n\n";
 
 enum { OPT_JSON = OPT_COMMAND_BASE };
 
@@ -41,19 +44,44 @@ static const char steps_fmt[] =
   "SELECT name, attempt, created_at, result::text FROM %s "
   " WHERE task_id = $1::bigint ORDER BY created_at, name";
 
-/* %s: the table, then the steps table. The row as PostgreSQL renders it (every column, the
-   payload's numbers exactly as stored), pasted into one object. */
+/* The attempt history (sql/016) of task $1, in claim order (tokens come from one
+   sequence). run_s: from when handle started to the end (NULL when it never started; the
+   start is the claim's server time plus the worker's monotonic delay, so a run shorter than
+   the clocks' skew shows 0, never below). Tokens
+   and cost: the usage rows (sql/014) of the same task and attempt written while that lease
+   ran (an attempt number repeats after a snooze or a requeue; the lease's time tells them
+   apart). %s: the attempts table, then the usage table. */
+#define HISTORY_SELECT(attempts, usage) \
+  "SELECT a.attempt, a.lease_token, a.kind, a.cause, a.status, a.worker, a.version, " \
+  "       a.label, a.queue_wait_s, " \
+  "       greatest(extract(epoch FROM a.finished_at - a.run_started_at), 0)::float8 AS run_s, " \
+  "       a.claimed_at, a.run_started_at, a.finished_at, a.crashed, a.error, " \
+  "       us.tokens, us.cost " \
+  "  FROM " attempts " a LEFT JOIN LATERAL ( " \
+  "       SELECT sum(u.tokens)::bigint AS tokens, sum(u.cost) AS cost FROM " usage " u " \
+  "        WHERE u.task_id = a.task_id AND u.attempt = a.attempt " \
+  "          AND u.at >= a.claimed_at AND u.at <= a.finished_at) us ON true " \
+  " WHERE a.task_id = $1::bigint "
+
+static const char history_fmt[] = HISTORY_SELECT("%s", "%s") " ORDER BY a.lease_token";
+
+/* %s: the steps table, the attempts table, the usage table, then the table. The row as
+   PostgreSQL renders it (every column, the payload's numbers exactly as stored), pasted into
+   one object. */
 static const char json_fmt[] =
   "SELECT '{\"task\":' || row_to_json(q)::text || ',\"steps\":' || "
   "       coalesce((SELECT '[' || string_agg(row_to_json(s)::text, ',' "
   "                                          ORDER BY s.created_at, s.name) || ']' "
   "                   FROM (SELECT name, attempt, created_at, result FROM %s "
   "                          WHERE task_id = q.id) s), '[]') || "
-  "       ',\"history\":null,\"timings\":' || "
+  "       ',\"history\":' || "
+  "       coalesce((SELECT json_agg(row_to_json(h) ORDER BY h.lease_token)::text "
+  "                   FROM (" HISTORY_SELECT("%s", "%s") ") h), '[]') || "
+  "       ',\"timings\":' || "
   "       (SELECT row_to_json(t)::text FROM (SELECT " TIMINGS ") t) || '}' "
   "  FROM %s q WHERE q.id = $1::bigint";
 
-static void print_text(PGresult *row, PGresult *steps);
+static void print_text(PGresult *row, PGresult *steps, PGresult *hist);
 static void print_value(const char *v, int indent);
 
 int cmd_inspect(struct cli *g, int argc, char **argv)
@@ -86,22 +114,25 @@ int cmd_inspect(struct cli *g, int argc, char **argv)
   char err[DB_ERR_MAX], idbuf[24];
   snprintf(idbuf, sizeof idbuf, "%ld", id);
   const char *params[] = { idbuf };
-  char *steps_t = NULL, *sql = NULL;
-  PGresult *row = NULL, *steps = NULL;
+  char *steps_t = NULL, *attempts_t = NULL, *usage_t = NULL, *sql = NULL;
+  PGresult *row = NULL, *steps = NULL, *hist = NULL;
   rc = EXIT_RUNTIME;
   if (migrate_check(c, &t, err, sizeof err) != 0)
     goto fail;
-  if (!(steps_t = db_table_object(&t, c, "steps", 1))) {
+  if (!(steps_t = db_table_object(&t, c, "steps", 1)) ||
+      !(attempts_t = db_table_object(&t, c, "attempts", 1)) ||
+      !(usage_t = db_table_object(&t, c, "usage", 1))) {
     snprintf(err, sizeof err, "out of memory");
     goto fail;
   }
-  size_t n = sizeof json_fmt + strlen(t.qualified) + strlen(steps_t) + sizeof row_fmt;
+  size_t n = sizeof json_fmt + sizeof history_fmt + sizeof row_fmt + strlen(t.qualified) +
+             strlen(steps_t) + 2 * strlen(attempts_t) + 2 * strlen(usage_t);
   if (!(sql = malloc(n))) {
     snprintf(err, sizeof err, "out of memory");
     goto fail;
   }
   if (as_json) {
-    snprintf(sql, n, json_fmt, steps_t, t.qualified);
+    snprintf(sql, n, json_fmt, steps_t, attempts_t, usage_t, t.qualified);
     if (!(row = db_exec(c, sql, 1, params, err, sizeof err)))
       goto fail;
   } else {
@@ -114,6 +145,9 @@ int cmd_inspect(struct cli *g, int argc, char **argv)
     snprintf(sql, n, steps_fmt, steps_t);
     if (!(steps = db_exec(c, sql, 1, params, err, sizeof err)))
       goto fail;
+    snprintf(sql, n, history_fmt, attempts_t, usage_t);
+    if (!(hist = db_exec(c, sql, 1, params, err, sizeof err)))
+      goto fail;
     db_command(c, "COMMIT", err, sizeof err);
   }
   if (PQntuples(row) == 0) {
@@ -123,7 +157,7 @@ int cmd_inspect(struct cli *g, int argc, char **argv)
   if (as_json)
     printf("%s\n", PQgetvalue(row, 0, 0));
   else
-    print_text(row, steps);
+    print_text(row, steps, hist);
   rc = EXIT_OK;
   goto out;
 fail:
@@ -131,14 +165,18 @@ fail:
 out:
   PQclear(row);
   PQclear(steps);
+  PQclear(hist);
   free(sql);
   free(steps_t);
+  free(attempts_t);
+  free(usage_t);
   cli_close(c, &t);
   return rc;
 }
 
-/* Every column, name padded to the longest; NULL shows as "-". */
-static void print_text(PGresult *row, PGresult *steps)
+/* Every column, name padded to the longest; NULL shows as "-". Then the steps, then one
+   line per attempt (and its error below it, indented). */
+static void print_text(PGresult *row, PGresult *steps, PGresult *hist)
 {
   int width = 0, nf = PQnfields(row);
   for (int i = 0; i < nf; i++)
@@ -155,8 +193,29 @@ static void print_text(PGresult *row, PGresult *steps)
            PQgetvalue(steps, i, 2));
     print_value(PQgetisnull(steps, i, 3) ? "null" : PQgetvalue(steps, i, 3), 4);
   }
-  printf("%-*s  not kept: the row holds the last attempt only (last_error, started_at,\n"
-         "%-*s  finished_at); see the logs for earlier attempts\n", width, "history", width, "");
+  int nh = PQntuples(hist);
+  printf("%-*s  %d attempt%s%s\n", width, "history", nh, nh == 1 ? "" : "s", nh ? ":" : "");
+  for (int i = 0; i < nh; i++) {
+#define H(col) (PQgetisnull(hist, i, col) ? "-" : PQgetvalue(hist, i, col))
+    char wait[32] = "-", run[32] = "-";
+    if (!PQgetisnull(hist, i, 8))
+      report_format_duration(atof(PQgetvalue(hist, i, 8)), wait, sizeof wait);
+    if (!PQgetisnull(hist, i, 9))
+      report_format_duration(atof(PQgetvalue(hist, i, 9)), run, sizeof run);
+    /* The version's first 12 digits name it for people; --json has all 64. */
+    printf("  #%s  %s/%s -> %s%s  token %s  worker %s  version %.12s%s%s%s  wait %s  run %s"
+           "  at %s", H(0), H(2), H(3), H(4), strcmp(H(13), "t") == 0 ? " (crash)" : "",
+           H(1), H(5), H(6), PQgetisnull(hist, i, 7) ? "" : " (", PQgetisnull(hist, i, 7)
+           ? "" : H(7), PQgetisnull(hist, i, 7) ? "" : ")", wait, run, H(12));
+    if (!PQgetisnull(hist, i, 15))
+      printf("  tokens %s  cost %s", H(15), H(16));
+    putchar('\n');
+    if (!PQgetisnull(hist, i, 14)) {
+      printf("      ");
+      print_value(H(14), 6);
+    }
+#undef H
+  }
 }
 
 /* Prints v and a newline; lines after the first are indented, so a traceback stays readable. */

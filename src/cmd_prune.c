@@ -11,7 +11,8 @@
 static const char usage[] =
   "usage: leash prune --older-than DURATION [--status done,dead] [--batch B] [--tenant T]\n\n"
   "Deletes done and dead tasks that finished more than DURATION ago (finished_at, or\n"
-  "updated_at when a row has none), with their stored steps. Works in chunks, each one\n"
+  "updated_at when a row has none), with their stored steps and their attempt history.\n"
+  "Works in chunks, each one\n"
   "short transaction that skips rows another session holds locked, so workers and claims\n"
   "never wait on it. Pending and leased tasks are never deleted. Prints the count.\n\n"
   "options:\n"
@@ -30,7 +31,7 @@ static const char cutoff_sql[] =
 /* One chunk: %s twice (the table). $1 the last id seen, $2 statuses (text[]), $3 cutoff,
    $4 tenant, $5 batch, $6 chunk size. Ids upwards through the primary key, so a chunk starts
    where the last one stopped instead of rescanning the rows it deleted. Steps go with their
-   task (ON DELETE CASCADE). */
+   task (ON DELETE CASCADE), and so do its attempts (sql/016), in the same chunk. */
 static const char chunk_fmt[] =
   "WITH c AS ("
   "  SELECT id FROM %s"

@@ -855,6 +855,9 @@ static void plan_wedge(struct dispatcher *d, struct wedge_plan *p)
       p->copy->claimed_at = p->w->claimed_at;
       p->copy->run_start = p->w->run_start;
       p->copy->max_attempts = p->w->max_attempts;
+      p->copy->waited = p->w->waited;
+      memcpy(p->copy->version, p->w->version, sizeof p->copy->version);
+      memcpy(p->copy->label, p->w->label, sizeof p->copy->label);
       p->copy->out.delay = -1;
       char msg[sizeof p->why + 64];
       snprintf(msg, sizeof msg, "%s; the worker restarted", p->why);
@@ -883,6 +886,9 @@ static void plan_wedge(struct dispatcher *d, struct wedge_plan *p)
       c->claimed_at = t->claimed_at;
       c->run_start = t->run_start;
       c->max_attempts = t->max_attempts;
+      c->waited = t->waited;
+      memcpy(c->version, t->version, sizeof c->version);
+      memcpy(c->label, t->label, sizeof c->label);
       c->out = t->out;   /* borrowed: the task is never freed before _exit */
       *p->tail = c;
       p->tail = &c->next;

@@ -73,7 +73,8 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
     "       status, cause, token, ring, ring_left "
     "FROM %s($1, $2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::text[], "
     "$7::jsonb[], $8::text[], $9::boolean[], $10::float8[], $11::int, $12::float8, "
-    "$13::text[], $14, $15, $16::int, $17::float8, $18::float8, $19::float8)";
+    "$13::text[], $14, $15, $16::int, $17::float8, $18::float8, $19::float8, $20::text[], "
+    "$21::text[], $22::float8[])";
   q->cycle_sql = format_sql(cycle_fmt, cycle);
   q->cycle_rows_sql = format_sql(cycle_fmt, cycle_rows);
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::bigint[])", release);
@@ -152,11 +153,12 @@ void queue_free(struct queue *q)
   free(q);
 }
 
-#define SETTLE_ARRAYS 9
+#define SETTLE_ARRAYS 12
 
 /* The array parameters of a settle ({ids}, {tokens}, {kinds}, {delays}, {errors},
-   {results}, {causes}, {crashed}, {run_s}: seconds from the claim to the run's start) for
-   the first n tasks of list. 0, or -1 when out of
+   {results}, {causes}, {crashed}, {run_s}: seconds from the claim to the run's start;
+   for the attempt history (sql/016): {versions}, {labels}, {waited}: the claim's queue wait)
+   for the first n tasks of list. 0, or -1 when out of
    memory (arrays freed). */
 static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
 {
@@ -190,6 +192,14 @@ static int settle_arrays(struct task *list, int n, struct buf a[SETTLE_ARRAYS])
       buf_printf(&a[8], "%s%.6f", sep, t->run_start - t->claimed_at);
     else
       buf_printf(&a[8], "%sNULL", sep);
+    /* A version is 64 hex digits: no quoting needed. A label is the script's text. */
+    buf_printf(&a[9], "%s%s", sep, t->version[0] ? t->version : "NULL");
+    buf_puts(&a[10], sep);
+    if (t->label[0])
+      buf_add_array_elem(&a[10], t->label);
+    else
+      buf_puts(&a[10], "NULL");
+    buf_printf(&a[11], "%s%.6f", sep, t->waited);
   }
   int oom = 0;
   for (int k = 0; k < SETTLE_ARRAYS; k++) {
@@ -254,7 +264,8 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   snprintf(left, sizeof left, "%d", q->ring_left);
   const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s, a[6].s,
                            a[7].s, a[8].s, nbuf, q->visibility, s->tenants, s->batch, q->ring,
-                           left, q->backoff[0], q->backoff[1], q->backoff[2] };
+                           left, q->backoff[0], q->backoff[1], q->backoff[2], a[9].s,
+                           a[10].s, a[11].s };
   enum { NPARAMS = sizeof params / sizeof params[0] };
   double now = task_now();
   PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, NPARAMS, params, err, errlen);

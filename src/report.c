@@ -119,7 +119,64 @@ static const char report_fmt[] =
   "                     GROUP BY u.budget, u.model) k)"
   ")::text FROM a";
 
+/* Per version: %s the attempts table, the queue table, the usage table; $1 tenants, $2
+   batch, $3 the table's quoted name. A task is in scope by its row (tenant, batch). An
+   attempt with no version ran no script of ours (a lease lost before its worker settled it:
+   reaped, cancelled) and is counted under version null. fatal: kind dead and no crash (the
+   script's fatal, a bad row); crash: it counted in crashes (a reaped lease too); dead: the
+   tasks this version's attempts left dead, over the version's tasks. run_s as in
+   cmd_inspect.c (never below 0). Usage joins by task, attempt and the lease's time. */
+static const char by_version_fmt[] =
+  "WITH h AS MATERIALIZED ("
+  "  SELECT a.task_id, a.version, a.label, a.kind, a.status, a.crashed, a.finished_at,"
+  "         greatest(extract(epoch FROM a.finished_at - a.run_started_at), 0)::float8 AS run_s,"
+  "         us.tokens, us.cost"
+  "    FROM %s a JOIN %s q ON q.id = a.task_id"
+  "    LEFT JOIN LATERAL (SELECT sum(u.tokens)::bigint AS tokens, sum(u.cost) AS cost"
+  "                         FROM %s u WHERE u.task_id = a.task_id AND u.attempt = a.attempt"
+  "                          AND u.at >= a.claimed_at AND u.at <= a.finished_at) us ON true"
+  "   WHERE ($1::text[] IS NULL OR q.tenant_id = ANY ($1::text[]))"
+  "     AND ($2::text IS NULL OR q.batch = $2::text)"
+  "), v AS ("
+  "  SELECT version, max(label) AS label, count(DISTINCT task_id) AS tasks, count(*) AS attempts,"
+  "         count(*) FILTER (WHERE kind = " SQL_DONE ") AS done,"
+  "         count(*) FILTER (WHERE kind = 'retry') AS retry,"
+  "         count(*) FILTER (WHERE kind = " SQL_DEAD " AND NOT crashed) AS fatal,"
+  "         count(*) FILTER (WHERE kind = 'snooze') AS snooze,"
+  "         count(*) FILTER (WHERE crashed) AS crash,"
+  "         count(*) FILTER (WHERE kind = 'lost') AS lost,"
+  "         count(DISTINCT task_id) FILTER (WHERE status = " SQL_DEAD ") AS dead,"
+  "         count(run_s) AS timed,"
+  "         percentile_disc(0.5) WITHIN GROUP (ORDER BY run_s) AS p50,"
+  "         percentile_disc(0.95) WITHIN GROUP (ORDER BY run_s) AS p95,"
+  "         sum(tokens)::bigint AS tokens, sum(cost) AS cost,"
+  "         min(finished_at) AS first_at, max(finished_at) AS last_at"
+  "    FROM h GROUP BY version"
+  ")"
+  "SELECT json_build_object("
+  "  'table', $3::regclass::text, 'tenants', to_json($1::text[]), 'batch', $2::text,"
+  "  'by', 'version',"
+  "  'versions', coalesce((SELECT json_agg(json_build_object("
+  "      'version', v.version, 'label', v.label, 'tasks', v.tasks, 'attempts', v.attempts,"
+  "      'counts', json_build_object('done', v.done, 'retry', v.retry, 'fatal', v.fatal,"
+  "                                  'snooze', v.snooze, 'crash', v.crash, 'lost', v.lost,"
+  "                                  'dead', v.dead),"
+  "      'rates', json_build_object("
+  "          'done', round(v.done::numeric / v.attempts, 4),"
+  "          'retry', round(v.retry::numeric / v.attempts, 4),"
+  "          'fatal', round(v.fatal::numeric / v.attempts, 4),"
+  "          'snooze', round(v.snooze::numeric / v.attempts, 4),"
+  "          'crash', round(v.crash::numeric / v.attempts, 4),"
+  "          'lost', round(v.lost::numeric / v.attempts, 4),"
+  "          'dead', round(v.dead::numeric / v.tasks, 4)),"
+  "      'duration_s', json_build_object('count', v.timed, 'p50', v.p50, 'p95', v.p95),"
+  "      'tokens', v.tokens, 'cost', round(v.cost, 6),"
+  "      'first_at', to_char(v.first_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
+  "      'last_at', to_char(v.last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))"
+  "      ORDER BY v.first_at, v.version) FROM v), '[]'))::text";
+
 static void print_text(const json_t *r, FILE *out);
+static void print_versions(const json_t *r, FILE *out);
 static json_int_t get_int(const json_t *o, const char *key);
 static void print_seconds(FILE *out, const char *label, const json_t *v);
 
@@ -157,6 +214,104 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
   fflush(out);
   json_decref(r);
   return 0;
+}
+
+int report_print_by_version(PGconn *c, const struct db_table *t, const char *tenants,
+                            const char *batch, int as_json, FILE *out, char *err, size_t errlen)
+{
+  char *attempts = db_table_object(t, c, "attempts", 1), *usage = db_table_object(t, c, "usage", 1);
+  size_t n = sizeof by_version_fmt + (attempts ? strlen(attempts) : 0) + strlen(t->qualified) +
+             (usage ? strlen(usage) : 0);
+  char *sql = attempts && usage ? malloc(n) : NULL;
+  if (!sql) {
+    free(attempts);
+    free(usage);
+    snprintf(err, errlen, "report: out of memory");
+    return -1;
+  }
+  snprintf(sql, n, by_version_fmt, attempts, t->qualified, usage);
+  free(attempts);
+  free(usage);
+  const char *params[] = { tenants, batch, t->qualified };
+  PGresult *res = db_exec(c, sql, 3, params, err, errlen);
+  free(sql);
+  if (!res)
+    return -1;
+  json_error_t je;
+  json_t *r = json_loads(PQgetvalue(res, 0, 0), 0, &je);
+  PQclear(res);
+  if (!r) {
+    snprintf(err, errlen, "report: unreadable JSON from the server: %s", je.text);
+    return -1;
+  }
+  if (as_json) {
+    char *s = json_dumps(r, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s)
+      fprintf(out, "%s\n", s);
+    free(s);
+  } else {
+    print_versions(r, out);
+  }
+  fflush(out);
+  json_decref(r);
+  return 0;
+}
+
+/* One block per version, first seen first:
+     version 0ecbf8f0cc53 (v1): 3 tasks, 5 attempts
+       done 2 (40.0%), retry 2 (40.0%), fatal 1 (20.0%), snooze 0, crash 0, lost 0; dead 1 task (33.3%)
+       run p50 6ms, p95 10ms (5 attempts timed); tokens 1200, cost 0.0120 */
+static void print_versions(const json_t *r, FILE *out)
+{
+  const json_t *tenants = json_object_get(r, "tenants");
+  const char *batch = json_string_value(json_object_get(r, "batch"));
+  fprintf(out, "report by version, table %s", json_string_value(json_object_get(r, "table")));
+  if (batch)
+    fprintf(out, ", batch %s", batch);
+  for (size_t i = 0; i < json_array_size(tenants); i++)
+    fprintf(out, "%s%s", i ? "," : ", tenants ", json_string_value(json_array_get(tenants, i)));
+  fprintf(out, "\n");
+  const json_t *vs = json_object_get(r, "versions"), *v;
+  size_t k;
+  if (json_array_size(vs) == 0)
+    fprintf(out, "no attempts recorded\n");
+  json_array_foreach(vs, k, v) {
+    const char *ver = json_string_value(json_object_get(v, "version"));
+    const char *label = json_string_value(json_object_get(v, "label"));
+    const json_t *n = json_object_get(v, "counts"), *rt = json_object_get(v, "rates");
+    char line[512];
+    /* A label is the script's text (checked at load: no control characters); cut anyway so
+       a hand-written row cannot forge a line. */
+    snprintf(line, sizeof line, "version %.12s%s%.64s%s: %lld task%s, %lld attempt%s\n",
+             ver ? ver : "(none: leases lost before a settle)", label ? " (" : "",
+             label ? label : "", label ? ")" : "", (long long)get_int(v, "tasks"),
+             get_int(v, "tasks") == 1 ? "" : "s", (long long)get_int(v, "attempts"),
+             get_int(v, "attempts") == 1 ? "" : "s");
+    for (char *p = line; *p && p[1]; p++)
+      if ((unsigned char)*p < 0x20 || *p == 0x7f)
+        *p = '?';
+    fputs(line, out);
+    static const char *const kinds[] = { "done", "retry", "fatal", "snooze", "crash", "lost" };
+    fprintf(out, " ");
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+      fprintf(out, "%s %s %lld (%.1f%%)", i ? "," : "", kinds[i],
+              (long long)get_int(n, kinds[i]),
+              100 * json_number_value(json_object_get(rt, kinds[i])));
+    fprintf(out, "; dead %lld task%s (%.1f%%)\n", (long long)get_int(n, "dead"),
+            get_int(n, "dead") == 1 ? "" : "s", 100 * json_number_value(json_object_get(rt, "dead")));
+    const json_t *d = json_object_get(v, "duration_s");
+    fprintf(out, "  ");
+    print_seconds(out, "run p50", json_object_get(d, "p50"));
+    print_seconds(out, ", p95", json_object_get(d, "p95"));
+    fprintf(out, " (%lld attempt%s timed)", (long long)get_int(d, "count"),
+            get_int(d, "count") == 1 ? "" : "s");
+    const json_t *tok = json_object_get(v, "tokens"), *cost = json_object_get(v, "cost");
+    if (json_is_integer(tok))
+      fprintf(out, "; tokens %lld", (long long)json_integer_value(tok));
+    if (json_is_number(cost))
+      fprintf(out, ", cost %.4f", json_number_value(cost));
+    fprintf(out, "\n");
+  }
 }
 
 void report_format_duration(double secs, char *buf, size_t buflen)

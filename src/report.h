@@ -27,6 +27,15 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
                  int as_json, FILE *out, char *err, size_t errlen)
   __attribute__((warn_unused_result));
 
+/* The same scope summarised per script version from the attempt history (sql/016): per
+   version (and its label), tasks and attempts, the attempts by outcome (done, retry, fatal,
+   snooze, crash, lost) with their share of the version's attempts, the tasks its attempts
+   left dead with their share of its tasks, run-time p50/p95 of its attempts, and the tokens
+   and cost of their budgeted calls. Fields in README.md ("Attempt history"). */
+int report_print_by_version(PGconn *c, const struct db_table *t, const char *tenants,
+                            const char *batch, int as_json, FILE *out, char *err,
+                            size_t errlen) __attribute__((warn_unused_result));
+
 /* Formats seconds for people: "850ms", "42.0s", "12m 3s", "5h 2m", "3d 4h". */
 void report_format_duration(double secs, char *buf, size_t buflen);
 

@@ -31,6 +31,7 @@ struct script {
   int broken;
   char dir[1024];              /* the script's folder, for require of siblings */
   char version[SCRIPT_VERSION_LEN + 1];
+  char label[TASK_LABEL_MAX + 1];
   EVP_MD_CTX *hash;            /* while loading: the script's text and each module's */
 };
 
@@ -40,6 +41,7 @@ static int msg_handler(lua_State *L);
 static int tostring_protected(lua_State *L);
 static int ref_protected(lua_State *L);
 static int load_protected(lua_State *L);
+static int read_label(lua_State *L, int mod, const char *path);
 static int l_task_lease_lost(lua_State *L);
 static void hash_part(struct script *s, const char *name, const char *text, size_t len);
 static void module_read(struct task_ctx *c, const char *name, const char *text, size_t len);
@@ -178,6 +180,11 @@ static void module_read(struct task_ctx *c, const char *name, const char *text, 
 const char *script_version(const struct script *s)
 {
   return s->version;
+}
+
+const char *script_label(const struct script *s)
+{
+  return s->label;
 }
 
 int script_broken(const struct script *s)
@@ -489,6 +496,31 @@ static int l_task_lease_lost(lua_State *L)
   return 1;
 }
 
+/* The module's optional `label` (for the attempt history) into the script's label; 0, or
+   -1 with the message pushed. A label is for people and report keys: short and one line. */
+static int read_label(lua_State *L, int mod, const char *path)
+{
+  void *ud = NULL;
+  lua_getallocf(L, &ud);   /* limited_alloc's: the script */
+  struct script *s = ud;
+  int type = lua_getfield(L, mod, "label");
+  size_t len = 0;
+  const char *v = type == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  int ok = type == LUA_TNIL || (v && len >= 1 && len <= TASK_LABEL_MAX);
+  for (size_t i = 0; ok && v && i < len; i++)
+    if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f)
+      ok = 0;
+  if (!ok) {
+    lua_pushfstring(L, "%s: label must be a string of 1 to %d bytes without control "
+                    "characters", path, TASK_LABEL_MAX);
+    return -1;
+  }
+  if (v)
+    memcpy(s->label, v, len + 1);
+  lua_pop(L, 1);
+  return 0;
+}
+
 /* Runs inside lua_pcall: builds the environment, loads and runs the chunk, checks the
    contract, runs setup, freezes the load-time globals. Arguments: text (light userdata),
    length, path. Returns the per-task entry around handle (sandbox.h). */
@@ -518,6 +550,8 @@ static int load_protected(lua_State *L)
     }
     if (lua_getfield(L, mod, "handle") != LUA_TFUNCTION)
       return luaL_error(L, "%s: the returned table has no handle function", path);
+    if (read_label(L, mod, path) != 0)
+      return lua_error(L);
   }
   sandbox_freeze(L);
   sandbox_wrap_handle(L);

@@ -35,6 +35,9 @@ void script_run(struct script *s, struct task *t);
    with it (at load time, setup included), for logs, hot swap and the attempt history. */
 #define SCRIPT_VERSION_LEN 64
 const char *script_version(const struct script *s);
+/* The label the script declares (`return { handle = ..., label = "v7" }`): at most
+   TASK_LABEL_MAX bytes, no control characters; "" when it declares none. */
+const char *script_label(const struct script *s);
 
 /* 1 after an out-of-memory error left the state unfit: the caller loads a fresh one. */
 int script_broken(const struct script *s);

@@ -121,6 +121,11 @@ static void run_task(struct slot *s, struct task *t)
 {
   const struct slot_env *env = s->env;
   atomic_fetch_add(&env->stats->busy_slots, 1);
+  /* What runs it, for the attempt history (sql/016), written before the watchdog can see
+     the task (it settles a wedged task's copy from another thread). */
+  _Static_assert(sizeof t->version == SCRIPT_VERSION_LEN + 1, "task.h's version size");
+  memcpy(t->version, script_version(s->script), sizeof t->version);
+  snprintf(t->label, sizeof t->label, "%s", script_label(s->script));
   pthread_mutex_lock(env->mu);   /* what the watchdog sees: this task in handle() since now */
   *s->watch = (struct slot_watch){ .task = t, .started = task_now() };   /* closing is 0 */
   pthread_mutex_unlock(env->mu);

@@ -11,6 +11,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+/* The longest label a script may declare (its module's `label` field, docs/lua-api.md). */
+#define TASK_LABEL_MAX 64
+
 struct task {
   int64_t id;
   int attempt;            /* attempts after our claim (what the script sees) */
@@ -23,6 +26,10 @@ struct task {
   double claimed_at;      /* monotonic seconds */
   double run_start;       /* monotonic seconds when handle started; 0 until it does */
   double waited;          /* seconds from runnable to claim (pickup latency), server clock */
+  /* What ran it, for the attempt history (sql/016): the script's version (script.h's 64 hex
+     digits) and its label (TASK_LABEL_MAX bytes at most); both "" until a script runs it. */
+  char version[64 + 1];
+  char label[TASK_LABEL_MAX + 1];
   /* Monotonic: past it, with no renewal, the lease counts as lost. Moved by the lease
      thread, read by the slot before every side effect: atomic. */
   _Atomic double lease_deadline;
