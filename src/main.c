@@ -29,6 +29,7 @@ static const struct command commands[] = {
   { "resume", cmd_resume, "lift a pause" },
   { "cancel", cmd_cancel, "end pending and running tasks dead (--id N, --batch B, --tenant T)" },
   { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
+  { "dashboard", cmd_dashboard, "a web dashboard of the queue: batches, charts, workers, actions" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
   { "run", cmd_run, "run the worker host with a Lua script" },
   { "check", cmd_check, "load a Lua script as run would and report errors" },
