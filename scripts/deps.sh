@@ -2,10 +2,12 @@
 # the tests and the demo need, when any is missing (apt-get update once, then install).
 # clang and libclang-rt-14-dev (libFuzzer's runtime, only recommended by clang) build
 # the fuzz targets of tests/fuzz. python3-psycopg2 runs docs/examples/enqueue_psycopg.py
-# (tests/integration/sqlapi.sh).
+# (tests/integration/sqlapi.sh). chromium and python3-websocket run the dashboard's browser test
+# (tests/integration/dashboard.sh drives headless Chromium over the DevTools protocol).
 LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted bash-completion
                 libjansson-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev postgresql-15 postgresql-client-15 valgrind
-                util-linux bsdutils iproute2 python3 python3-psycopg2 openssl clang libclang-rt-14-dev)
+                util-linux bsdutils iproute2 python3 python3-psycopg2 openssl clang libclang-rt-14-dev
+                chromium python3-websocket)
 
 deps_install() {
   local missing=() p

@@ -84,7 +84,7 @@ static void print_help(const struct option *opts)
 {
   printf("usage: leash [GLOBAL OPTIONS] COMMAND [OPTIONS]\n\ncommands:\n");
   for (const struct command *c = commands; c->name; c++)
-    printf("  %-9s %s\n", c->name, c->summary);
+    printf("  %-11s %s\n", c->name, c->summary);
   printf("\n%s\n", cli_global_help);
   cli_print_env_help(stdout, opts);
   printf("\nRun 'leash COMMAND --help' for a command's options and their variables.\n");
