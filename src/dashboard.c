@@ -31,6 +31,8 @@ struct dashboard {
   char *token;
   PGconn *c;
   const struct db_table *t;
+  int loopback;        /* listening on loopback only: the Host header is checked */
+  char host[256];      /* the --listen host (brackets off) */
 };
 
 /* One request's state: the body read so far. */
@@ -273,6 +275,35 @@ static enum MHD_Result on_get(struct dashboard *d, struct MHD_Connection *conn,
   return reply(conn, 200, page, "text/html; charset=utf-8");
 }
 
+/* On loopback, a request must name this machine in its Host header: a page on another site
+   whose name an attacker re-points at 127.0.0.1 (DNS rebinding) would otherwise read the
+   dashboard from the user's browser. */
+static int host_ok(const struct dashboard *d, struct MHD_Connection *conn)
+{
+  if (!d->loopback)
+    return 1;
+  const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Host");
+  if (!h)
+    return 0;
+  char name[256];
+  size_t n;
+  if (h[0] == '[') {
+    const char *end = strchr(h, ']');
+    if (!end)
+      return 0;
+    n = (size_t)(end - h - 1);
+    h++;
+  } else {
+    n = strcspn(h, ":");
+  }
+  if (n == 0 || n >= sizeof name)
+    return 0;
+  memcpy(name, h, n);
+  name[n] = '\0';
+  return strcasecmp(name, "localhost") == 0 || strcmp(name, "127.0.0.1") == 0 ||
+         strcmp(name, "::1") == 0 || strcasecmp(name, d->host) == 0;
+}
+
 static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_len, void **state)
@@ -296,6 +327,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
   }
   if (rq->body.oom)
     return MHD_NO;
+  if (!host_ok(d, conn))
+    return reply_json_error(conn, 403, "the Host header does not name this machine (leash "
+                                       "dashboard on loopback answers localhost only)");
   if (strcmp(method, "POST") == 0) {
     if (strncmp(url, "/api/", 5) != 0 || strchr(url + 5, '/'))
       return reply_json_error(conn, 404, "not found");
@@ -344,6 +378,8 @@ struct dashboard *dashboard_start(const char *addr, const char *token, PGconn *c
   }
   d->c = c;
   d->t = t;
+  d->loopback = dashboard_addr_is_loopback(addr, err, errlen) == 1;
+  snprintf(d->host, sizeof d->host, "%s", host);
   /* One internal thread: requests are answered one at a time, so the one connection to the
      database is never shared (each answer is bounded by statement_timeout). */
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;

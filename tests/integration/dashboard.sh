@@ -23,7 +23,7 @@ http() {
   "$PY" - "$@" <<'PY'
 import sys, urllib.request, urllib.error
 method, url = sys.argv[1], sys.argv[2]
-body = sys.argv[3].encode() if len(sys.argv) > 3 else None
+body = sys.argv[3].encode() if len(sys.argv) > 3 and method != "GET" else None
 req = urllib.request.Request(url, data=body, method=method)
 if body is not None:
     req.add_header("Content-Type", "application/x-www-form-urlencoded")
@@ -142,6 +142,28 @@ case_actions_need_the_token_and_a_missing_or_wrong_one_changes_nothing() {
   out=$(http POST "$u/requeue" "id=1&token=$TOKEN")
   assert_eq "action without a configured token" "$(head -1 <<<"$out")" 403
   assert_contains "why" "$out" "--token-file"
+}
+
+case_on_loopback_a_request_naming_another_host_is_refused() {
+  run_setup
+  token_file
+  local port
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{}' >/dev/null
+  q "update agent_work_queue set status = 'dead', last_cause = 'returned'" >/dev/null
+  start_dashboard "$port" --token-file "$T_TMP/token"
+  local u="http://127.0.0.1:$port/api"
+  # On loopback, a Host that is not this machine (DNS rebinding) is refused, reads too.
+  local h
+  for h in evil.example evil.example:$port 127.0.0.1.evil.example "[::2]:$port"; do
+    assert_eq "GET with Host $h" "$(http_status GET "$u/overview" "" "Host: $h")" 403
+    assert_eq "POST with Host $h" "$(http_status POST "$u/requeue" "id=1&token=$TOKEN" "Host: $h")" 403
+  done
+  for h in "localhost:$port" "127.0.0.1:$port" LOCALHOST; do
+    assert_eq "GET with Host $h" "$(http_status GET "$u/overview" "" "Host: $h")" 200
+  done
+  assert_eq "status after refused hosts" "$(q "select status from agent_work_queue")" dead
+  stop_dashboard
 }
 
 case_a_non_loopback_address_without_a_token_is_refused_at_start_with_one_line() {
