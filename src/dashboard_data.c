@@ -14,15 +14,22 @@
 #define DASH_REQUEUE_CHUNK 5000   /* as leash requeue --dead */
 #define DASH_PAUSE_MAX_S (365.0 * 86400)
 
-/* The batches worth showing: those with open rows (batch_open_idx), those among the newest
-   10,000 rows (the primary key, backwards), and $1 when asked for; each counted through
-   batch_idx. Newest first. %1$s: the table. */
+/* The batches worth showing: those with open rows, found by a skip scan of batch_open_idx
+   (one probe per batch, however many rows are open), those among the newest 10,000 rows
+   (the primary key, backwards), and $1 when asked for; each counted through batch_idx (the
+   cost of leash status --batch, per batch listed). Newest first. %1$s: the table. */
 static const char batches_fmt[] =
-  "WITH open AS (SELECT batch FROM %1$s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")"
-  "                 AND batch IS NOT NULL GROUP BY batch ORDER BY batch LIMIT %2$d),"
+  "WITH RECURSIVE open(batch) AS ("
+  "  (SELECT batch FROM %1$s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")"
+  "      AND batch IS NOT NULL ORDER BY batch LIMIT 1)"
+  "  UNION ALL"
+  "  SELECT (SELECT q.batch FROM %1$s q WHERE q.status IN (" SQL_PENDING ", " SQL_LEASED ")"
+  "             AND q.batch IS NOT NULL AND q.batch > o.batch ORDER BY q.batch LIMIT 1)"
+  "    FROM open o WHERE o.batch IS NOT NULL),"
   "     recent AS (SELECT batch FROM (SELECT batch, id FROM %1$s ORDER BY id DESC LIMIT 10000) r"
   "                 WHERE batch IS NOT NULL GROUP BY batch ORDER BY max(id) DESC LIMIT %2$d),"
-  "     pick AS (SELECT batch FROM open UNION SELECT batch FROM recent"
+  "     pick AS (SELECT batch FROM (SELECT batch FROM open WHERE batch IS NOT NULL LIMIT %2$d) o"
+  "              UNION SELECT batch FROM recent"
   "              UNION SELECT $1::text WHERE $1::text IS NOT NULL)"
   "SELECT coalesce(json_agg(json_build_object('batch', p.batch, 'total', k.total,"
   "         'pending', k.pending, 'leased', k.leased, 'done', k.done, 'dead', k.dead)"
@@ -164,7 +171,7 @@ char *dash_overview_json(PGconn *c, const struct db_table *t, const char *batch,
     snprintf(err, errlen, "out of memory");
     goto done;
   }
-  size_t n = sizeof batches_fmt + 4 * strlen(t->qualified) + 64;
+  size_t n = sizeof batches_fmt + 5 * strlen(t->qualified) + 64;
   if (!(sql = malloc(n))) {
     snprintf(err, errlen, "out of memory");
     goto done;
