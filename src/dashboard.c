@@ -247,6 +247,7 @@ static enum MHD_Result on_get(struct dashboard *d, struct MHD_Connection *conn,
     PQreset(d->c);
   char *json = NULL;
   int missing = 0;
+  long refresh = 0;
   if (strcmp(view, "/task") == 0) {
     const char *ids = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "id");
     long id;
@@ -258,6 +259,12 @@ static enum MHD_Result on_get(struct dashboard *d, struct MHD_Connection *conn,
     json = dash_task_json(d->c, d->t, id, &missing, err, sizeof err);
   } else {
     const char *batch = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "batch");
+    const char *rs = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "refresh");
+    if (rs && (cli_parse_int(rs, 2, 3600, &refresh) != 0)) {
+      const char *m = "refresh must be whole seconds from 2 to 3600";
+      return api ? reply_json_error(conn, 400, m)
+                 : reply(conn, 400, dash_message_html(400, m, "/"), "text/html; charset=utf-8");
+    }
     json = dash_overview_json(d->c, d->t, batch && *batch ? batch : NULL, err, sizeof err);
   }
   if (!json) {
@@ -270,7 +277,7 @@ static enum MHD_Result on_get(struct dashboard *d, struct MHD_Connection *conn,
   if (api)
     return reply(conn, 200, json, "application/json");
   char *page = strcmp(view, "/task") == 0 ? dash_task_html(json, d->t->name)
-                                          : dash_overview_html(json, d->t->name);
+                                          : dash_overview_html(json, d->t->name, (int)refresh);
   free(json);
   return reply(conn, 200, page, "text/html; charset=utf-8");
 }

@@ -75,10 +75,12 @@ static void put_value(struct buf *b, json_t *v, size_t max)
   free(s);
 }
 
-static void head(struct buf *b, const char *title, const char *table)
+static void head(struct buf *b, const char *title, const char *table, int refresh)
 {
-  buf_puts(b, "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
-              "<meta name=viewport content=\"width=device-width\">"
+  buf_puts(b, "<!doctype html>\n<html lang=en><head><meta charset=utf-8>");
+  if (refresh > 0)
+    buf_printf(b, "<meta http-equiv=refresh content=%d>", refresh);
+  buf_puts(b, "<meta name=viewport content=\"width=device-width\">"
               "<link rel=stylesheet href=\"/dashboard.css\"><title>");
   html_escape(b, title);
   buf_puts(b, " · leash</title></head><body><header><a href=\"/\">leash dashboard</a> <span>");
@@ -386,13 +388,24 @@ static void (*const overview_sections[])(struct buf *, json_t *) = {
   section_batch, section_batches, section_workers, section_holds, section_budgets,
 };
 
-char *dash_overview_html(const char *overview, const char *table)
+char *dash_overview_html(const char *overview, const char *table, int refresh)
 {
   json_t *o = json_loads(overview, 0, NULL);
   if (!o)
     return NULL;
   struct buf b = { 0 };
-  head(&b, "overview", table);
+  head(&b, "overview", table, refresh);
+  const char *shown = json_string_value(json_object_get(o, "selected"));
+  buf_puts(&b, "<p class=refresh>");
+  if (refresh > 0)
+    buf_printf(&b, "reloads every %d s · <a id=refresh-off href=\"/", refresh);
+  else
+    buf_puts(&b, "<a id=refresh-on href=\"/?refresh=10");
+  if (shown) {
+    buf_puts(&b, refresh > 0 ? "?batch=" : "&amp;batch=");
+    url_escape(&b, shown);
+  }
+  buf_puts(&b, refresh > 0 ? "\">stop reloading</a></p>" : "\">reload every 10 s</a></p>");
   for (size_t i = 0; i < sizeof overview_sections / sizeof overview_sections[0]; i++)
     overview_sections[i](&b, o);
   json_decref(o);
@@ -412,7 +425,7 @@ char *dash_task_html(const char *task, const char *table)
   snprintf(back, sizeof back, "/task?id=%lld", id);
   snprintf(ids, sizeof ids, "%lld", id);
   struct buf b = { 0 };
-  head(&b, title, table);
+  head(&b, title, table, 0);
   buf_printf(&b, "<section id=task><h2>Task %lld <span id=task-status class=\"st-", id);
   html_escape(&b, status);
   buf_puts(&b, "\">");
@@ -470,7 +483,7 @@ char *dash_message_html(int status, const char *message, const char *back)
   if (!back || back[0] != '/' || back[1] == '/' || back[1] == '\\')
     back = "/";
   struct buf b = { 0 };
-  head(&b, status < 300 ? "done" : "refused", "");
+  head(&b, status < 300 ? "done" : "refused", "", 0);
   buf_printf(&b, "<section id=result class=\"r%d\"><h2>%s</h2><p id=message>", status,
              status < 300 ? "Done" : "Refused");
   html_escape(&b, message);

@@ -13,9 +13,10 @@
 /* Appends s with &, <, >, " and ' replaced by entities (safe in text and quoted attributes). */
 void html_escape(struct buf *b, const char *s);
 
-/* The overview page of overview (dash_overview_json's text); table names the queue. NULL
-   when out of memory or the JSON cannot be read. malloc'd. */
-char *dash_overview_html(const char *overview, const char *table);
+/* The overview page of overview (dash_overview_json's text); table names the queue; refresh:
+   seconds between reloads (a meta refresh: no script), 0 for none. NULL when out of memory
+   or the JSON cannot be read. malloc'd. */
+char *dash_overview_html(const char *overview, const char *table, int refresh);
 
 /* One task's page (dash_task_json's text). */
 char *dash_task_html(const char *task, const char *table);

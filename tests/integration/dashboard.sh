@@ -166,6 +166,24 @@ case_on_loopback_a_request_naming_another_host_is_refused() {
   stop_dashboard
 }
 
+case_reload_every_n_seconds_is_a_meta_refresh_and_bad_values_are_refused() {
+  run_setup
+  local port page v
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{}' >/dev/null
+  start_dashboard "$port"
+  page=$(http GET "http://127.0.0.1:$port/")
+  assert_not_contains "no reload by default" "$page" "http-equiv=refresh"
+  assert_contains "a link to reload" "$page" 'href="/?refresh=10&amp;batch=b1"'
+  page=$(http GET "http://127.0.0.1:$port/?batch=b1&refresh=10")
+  assert_contains "reload every 10 s" "$page" "<meta http-equiv=refresh content=10>"
+  assert_contains "a link to stop" "$page" 'href="/?batch=b1"'
+  for v in 0 1 3601 abc -5 10s 2.5 ""; do
+    assert_eq "refresh=$v" "$(http_status GET "http://127.0.0.1:$port/?refresh=$v")" 400
+  done
+  stop_dashboard
+}
+
 case_a_non_loopback_address_without_a_token_is_refused_at_start_with_one_line() {
   token_file
   local addr
