@@ -280,6 +280,26 @@ static void section_batch(struct buf *b, json_t *o)
   }
   if (json_array_size(reasons) > 0)
     buf_puts(b, "</table>");
+  json_t *usage = json_object_get(rep, "usage"), *u;
+  buf_puts(b, "<h3>Tokens and cost (leash.usage and budgeted calls)</h3>");
+  if (json_array_size(usage) == 0)
+    buf_puts(b, "<p class=empty>No usage recorded for this batch.</p>");
+  else
+    buf_puts(b, "<table id=usage><tr><th>budget</th><th>model</th><th>calls</th><th>input</th>"
+                "<th>output</th><th>tokens</th><th>cost</th></tr>");
+  json_array_foreach(usage, i, u) {
+    static const char *const cols[] = { "budget", "model", "calls", "input_tokens",
+                                        "output_tokens", "tokens", "cost" };
+    buf_puts(b, "<tr>");
+    for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+      buf_puts(b, "<td>");
+      put_value(b, json_object_get(u, cols[c]), 200);
+      buf_puts(b, "</td>");
+    }
+    buf_puts(b, "</tr>");
+  }
+  if (json_array_size(usage) > 0)
+    buf_puts(b, "</table>");
   buf_puts(b, "<div class=actions>");
   const char *f[] = { "batch", name, NULL };
   action_form(b, "pause", "pause batch", back.s, f, 1);

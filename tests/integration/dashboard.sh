@@ -237,6 +237,9 @@ case_hostile_values_are_escaped_in_every_page() {
       where id = 1" >/dev/null
   q "insert into agent_work_queue_holds (kind, scope, source, reason)
      select 'tenant', payload->>'note', 'pause', payload->>'note' from agent_work_queue" >/dev/null
+  q "insert into agent_work_queue_usage (task_id, batch, budget, model, input_tokens,
+       output_tokens, tokens, cost)
+     select id, batch, payload->>'note', payload->>'note', 1, 2, 3, 0.5 from agent_work_queue" >/dev/null
   start_dashboard "$port" --token-file "$T_TMP/token"
   local -a pages=("/")
   for id in $(q "select id from agent_work_queue order by id"); do
@@ -267,6 +270,8 @@ case_hostile_values_are_escaped_in_every_page() {
   assert_contains "escaped quote on a task page" "$page" "&quot;&gt;&lt;img src=x onerror=alert(2)&gt;"
   page=$(http GET "http://127.0.0.1:$port/")
   assert_contains "escaped hold reason" "$page" "&#39;&gt;&lt;svg onload=alert(3)&gt;"
+  page=$(http GET "http://127.0.0.1:$port/?batch=b%3Cscript%3Ealert(1)%3C%2Fscript%3E")
+  assert_contains "escaped budget in the usage table" "$page" "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>"
   # The JSON has the values as they are (JSON-escaped by the database, not HTML-escaped).
   page=$(http GET "http://127.0.0.1:$port/api/task?id=1")
   assert_eq "task JSON keeps the value" "$(tail -n +2 <<<"$page" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["task"]["last_error"])')" "${values[0]}"
@@ -296,22 +301,20 @@ case_the_browser_shows_the_live_batch_and_its_actions_change_the_database() {
   write_script
   local port batch='night <2026>' s
   port=$(free_port)
-  # 120 tasks of 0.5 s, every sixth dies with a hostile message: a batch that runs long
-  # enough to be looked at and acted on while it runs.
+  # 240 tasks of 0.5 s (a minute on two slots), every sixth dies with a hostile message: a
+  # batch that runs long enough to be looked at and acted on while it runs.
   "$PY" -c '
 import json, sys
-for i in range(120):
+for i in range(240):
     p = {"sleep": 0.5}
     if i % 6 == 0:
         p["die"] = "<script>document.title=\"pwned\"</script> quota & \"limits\""
     print(json.dumps({"payload": p, "batch": sys.argv[1]}))' "$batch" >"$T_TMP/tasks.jsonl"
-  enqueue_file "$T_TMP/tasks.jsonl" 120
-  start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100
+  enqueue_file "$T_TMP/tasks.jsonl" 240
   start_dashboard "$port" --token-file "$T_TMP/token"
   local bq="batch = 'night <2026>'"
-  wait_for "a done and a dead task" 60 \
-    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue"
-  # The browser, with its own profile; skipped when it cannot start here.
+  # The browser first, with its own profile (skipped when it cannot start here), so the
+  # batch's time is not spent waiting for it.
   mkdir -p "$T_TMP/chromium"
   chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage \
     --no-first-run --hide-scrollbars --remote-debugging-port=0 --remote-allow-origins='*' \
@@ -329,6 +332,9 @@ for i in range(120):
     echo "skip ${T_AREA}.${T_CASE}: chromium did not start: $(tail -1 "$T_TMP/chromium.log")" >&2
     exit 77
   fi
+  start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100
+  wait_for "a done and a dead task" 60 \
+    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue"
   local base="http://127.0.0.1:$port" b="$T_TMP/browser"
   browser() { "$PY" "$BROWSER_PY" "$T_TMP/chromium" "$@"; }
 
@@ -343,7 +349,7 @@ for i in range(120):
   local done dead total
   done=$(jget "$b.live" '["done"]') dead=$(jget "$b.live" '["dead"]') total=$(jget "$b.live" '["total"]')
   assert_eq "batch shown" "$(jget "$b.live" '["batch"]')" "$batch"
-  assert_eq "total shown" "$total" 120
+  assert_eq "total shown" "$total" 240
   ((done0 <= done && done <= done1)) || fail "done shown $done, SQL $done0 before and $done1 after"
   ((dead0 <= dead && dead <= dead1)) || fail "dead shown $dead, SQL $dead0 before and $dead1 after"
   ((open1 > 0)) || fail "the batch finished before the page was looked at: not live"
