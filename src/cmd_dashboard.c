@@ -14,7 +14,6 @@
 #define DEFAULT_LISTEN "127.0.0.1:8089"
 #define TOKEN_MIN 16
 #define TOKEN_MAX 4096
-#define STATEMENT_TIMEOUT "5s"   /* a dashboard read never holds the database longer */
 
 static const char usage[] =
   "usage: leash dashboard [--listen HOST:PORT] [--token-file FILE]\n\n"
@@ -104,8 +103,7 @@ int cmd_dashboard(struct cli *g, int argc, char **argv)
   if ((rc = cli_open(g, "dashboard", &c, &t)) != EXIT_OK)
     goto out_token;
   struct dashboard *d = NULL;
-  if (migrate_check(c, &t, err, sizeof err) != 0 ||
-      db_command(c, "SET statement_timeout = '" STATEMENT_TIMEOUT "'", err, sizeof err) != 0) {
+  if (migrate_check(c, &t, err, sizeof err) != 0) {
     rc = cli_runtime_error(g, "%s", err);
     goto out;
   }

@@ -35,6 +35,23 @@ struct dashboard {
   char host[256];      /* the --listen host (brackets off) */
 };
 
+/* The connection, reopened when it broke (the database restarted), with the session's
+   statement_timeout set again. 0, or -1 when it is still down. */
+static int ensure_conn(struct dashboard *d)
+{
+  if (PQstatus(d->c) == CONNECTION_OK)
+    return 0;
+  PQreset(d->c);
+  char err[DB_ERR_MAX];
+  if (PQstatus(d->c) != CONNECTION_OK ||
+      db_command(d->c, "SET statement_timeout = '" DASHBOARD_STATEMENT_TIMEOUT "'", err,
+                 sizeof err) != 0) {
+    log_error("dashboard: the database is unreachable");
+    return -1;
+  }
+  return 0;
+}
+
 /* One request's state: the body read so far. */
 struct request {
   struct buf body;
@@ -205,9 +222,9 @@ static enum MHD_Result on_action(struct dashboard *d, struct MHD_Connection *con
   else if (!dashboard_token_ok(d->token, given, strlen(given)))
     status = 403, why = "wrong token";
   char *json = NULL;
+  if (!status && ensure_conn(d) != 0)
+    status = 503, why = "the database is unreachable; nothing was changed";
   if (!status) {
-    if (PQstatus(d->c) != CONNECTION_OK)
-      PQreset(d->c);
     struct dash_action a = { field(conn, &f, "id"), field(conn, &f, "batch"),
                              field(conn, &f, "tenant"), field(conn, &f, "budget"),
                              field(conn, &f, "for") };
@@ -243,8 +260,10 @@ static enum MHD_Result on_get(struct dashboard *d, struct MHD_Connection *conn,
     return api ? reply_json_error(conn, 404, "not found")
                : reply(conn, 404, dash_message_html(404, "not found", "/"),
                        "text/html; charset=utf-8");
-  if (PQstatus(d->c) != CONNECTION_OK)
-    PQreset(d->c);
+  if (ensure_conn(d) != 0)
+    return api ? reply_json_error(conn, 503, "the database is unreachable")
+               : reply(conn, 503, dash_message_html(503, "the database is unreachable", "/"),
+                       "text/html; charset=utf-8");
   char *json = NULL;
   int missing = 0;
   long refresh = 0;
@@ -385,6 +404,13 @@ struct dashboard *dashboard_start(const char *addr, const char *token, PGconn *c
   }
   d->c = c;
   d->t = t;
+  if (db_command(c, "SET statement_timeout = '" DASHBOARD_STATEMENT_TIMEOUT "'", err,
+                 errlen) != 0) {
+    free(d->token);
+    free(d);
+    freeaddrinfo(ai);
+    return NULL;
+  }
   d->loopback = dashboard_addr_is_loopback(addr, err, errlen) == 1;
   snprintf(d->host, sizeof d->host, "%s", host);
   /* One internal thread: requests are answered one at a time, so the one connection to the

@@ -19,6 +19,9 @@
 
 struct dashboard;
 
+/* Every statement of the dashboard's session (set again after a reconnect). */
+#define DASHBOARD_STATEMENT_TIMEOUT "5s"
+
 /* Serves on addr (checked by cli_check_listen_addr). token: the action token, or NULL (then
    every action answers 403). c and t stay owned by the caller and must outlive
    dashboard_stop; only the server's thread uses them while it runs. NULL with err. */

@@ -184,6 +184,40 @@ case_reload_every_n_seconds_is_a_meta_refresh_and_bad_values_are_refused() {
   stop_dashboard
 }
 
+case_a_locked_table_or_a_lost_connection_is_a_503_and_the_dashboard_recovers() {
+  run_setup
+  local port out
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{}' >/dev/null
+  start_dashboard "$port"
+  local u="http://127.0.0.1:$port/api/overview"
+  # A session holding the table: the read ends by the statement_timeout (5 s), not the lock.
+  PGAPPNAME=dash-locker psql -X -q -d "$DATABASE_URL" -c \
+    "begin; lock table agent_work_queue in access exclusive mode; select pg_sleep(120); commit" \
+    >/dev/null 2>&1 &
+  t_on_exit t_kill "$!"
+  wait_for "the lock to be held" 30 q_true "select count(*) = 1 from pg_stat_activity
+    where application_name = 'dash-locker' and state = 'active' and wait_event = 'PgSleep'"
+  out=$(http GET "$u")
+  assert_eq "overview while the table is locked" "${out%%$'\n'*}" 503
+  assert_contains "why" "$out" "statement timeout"
+  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'dash-locker'" >/dev/null
+  wait_for "the overview to answer again" 60 eval "[[ \$(http_status GET $u) == 200 ]]"
+  # Its own connection cut: a 503 at most once, then it reconnects by itself ...
+  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'leash dashboard'" >/dev/null
+  wait_for "the overview after a reconnect" 60 eval "[[ \$(http_status GET $u) == 200 ]]"
+  # ... with its statement_timeout set again.
+  PGAPPNAME=dash-locker psql -X -q -d "$DATABASE_URL" -c \
+    "begin; lock table agent_work_queue in access exclusive mode; select pg_sleep(120); commit" \
+    >/dev/null 2>&1 &
+  t_on_exit t_kill "$!"
+  wait_for "the lock to be held again" 30 q_true "select count(*) = 1 from pg_stat_activity
+    where application_name = 'dash-locker' and state = 'active' and wait_event = 'PgSleep'"
+  assert_eq "overview while locked, after the reconnect" "$(http_status GET "$u")" 503
+  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'dash-locker'" >/dev/null
+  stop_dashboard
+}
+
 case_a_non_loopback_address_without_a_token_is_refused_at_start_with_one_line() {
   token_file
   local addr
