@@ -227,7 +227,8 @@ static enum MHD_Result on_action(struct dashboard *d, struct MHD_Connection *con
   if (!status) {
     struct dash_action a = { field(conn, &f, "id"), field(conn, &f, "batch"),
                              field(conn, &f, "tenant"), field(conn, &f, "budget"),
-                             field(conn, &f, "for") };
+                             field(conn, &f, "for"), field(conn, &f, "kind"),
+                             field(conn, &f, "scope") };
     status = (unsigned)dash_action_run(d->c, d->t, action, &a, &json);
     log_info("dashboard: %s answered %u", action, status);
   } else {

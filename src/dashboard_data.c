@@ -314,6 +314,13 @@ static int one_scope(const struct dash_action *a, int with_budget, const char **
     n++, *kind = "tenant", *value = a->tenant;
   if (with_budget && a->budget && *a->budget)
     n++, *kind = "budget", *value = a->budget;
+  if (with_budget && a->kind && a->scope && *a->scope) {
+    n++, *value = a->scope;
+    *kind = !strcmp(a->kind, "tenant") ? "tenant" : !strcmp(a->kind, "batch") ? "batch"
+          : !strcmp(a->kind, "budget") ? "budget" : NULL;
+    if (!*kind)
+      return -1;
+  }
   return n;
 }
 

@@ -34,6 +34,8 @@ char *dash_task_json(PGconn *c, const struct db_table *t, long long id, int *mis
 /* One action's fields (NULL when absent). */
 struct dash_action {
   const char *id, *batch, *tenant, *budget, *for_s;
+  const char *kind, *scope;   /* pause/resume: "tenant", "batch" or "budget" and its name,
+                                 as a form with a choice of kind sends it */
 };
 
 /* Runs action ("requeue", "cancel", "pause", "resume"): an HTTP status (200; 400 with the

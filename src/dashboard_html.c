@@ -337,7 +337,14 @@ static void section_holds(struct buf *b, json_t *o)
 {
   json_t *hs = json_object_get(o, "holds"), *h;
   size_t i;
-  buf_puts(b, "<section id=holds><h2>Holds and pauses</h2>");
+  buf_puts(b, "<section id=holds><h2>Holds and pauses</h2>"
+              "<form class=action id=pause-scope method=post action=\"/api/pause\">"
+              "<input type=hidden name=html value=1><input type=hidden name=back value=\"/\">"
+              "<select name=kind><option>tenant</option><option>batch</option>"
+              "<option>budget</option></select><input name=scope placeholder=name required>"
+              "<input name=for placeholder=\"for (10m)\" size=7>"
+              "<input type=password name=token placeholder=token size=10 required>"
+              "<button type=submit data-action=pause>pause</button></form>");
   if (json_array_size(hs) == 0)
     buf_puts(b, "<p class=empty>Nothing is held.</p>");
   else

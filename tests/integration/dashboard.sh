@@ -126,7 +126,15 @@ case_actions_need_the_token_and_a_missing_or_wrong_one_changes_nothing() {
   out=$(http POST "$u/cancel" "id=1&token=$TOKEN")
   assert_eq "cancel" "$(head -1 <<<"$out")" 200
   assert_eq "status after cancel" "$(q "select status || ' ' || last_cause from agent_work_queue")" "dead cancelled"
+  # The page's own pause form names the kind and the scope.
+  out=$(http POST "$u/pause" "kind=tenant&scope=acme&for=10m&token=$TOKEN")
+  assert_eq "pause by kind and scope" "$(head -1 <<<"$out")" 200
+  assert_eq "tenant hold" "$(q "select kind || ':' || scope from agent_work_queue_holds where kind = 'tenant'")" tenant:acme
   # Bad fields: 400, nothing changed.
+  out=$(http POST "$u/pause" "kind=table&scope=acme&token=$TOKEN")
+  assert_eq "an unknown kind" "$(head -1 <<<"$out")" 400
+  out=$(http POST "$u/pause" "kind=tenant&scope=acme&batch=b1&token=$TOKEN")
+  assert_eq "two scopes" "$(head -1 <<<"$out")" 400
   out=$(http POST "$u/requeue" "id=abc&token=$TOKEN")
   assert_eq "bad id" "$(head -1 <<<"$out")" 400
   out=$(http POST "$u/pause" "token=$TOKEN")
