@@ -1,9 +1,9 @@
 /*
  * dashboard_data: the dashboard's reads and actions, each one JSON text built by SQL.
- * Reads stay cheap on a table of millions of rows: the batch list skip-scans batch_open_idx
- * (one probe per open batch) and reads the newest 10,000 ids of the primary key; a batch's numbers (the report of
- * report.c, and its per-minute outcomes) read that batch's rows through batch_idx, the
- * cost of `leash status --batch`; workers read leased rows only (one_lease_per_shard);
+ * Reads stay cheap on a table of millions of rows: the batch list skip-scans
+ * batch_open_idx (one probe per open batch) and reads the newest 10,000 ids of the primary
+ * key; a batch's numbers (report.c's report, and its per-minute outcomes) read that batch's
+ * rows through batch_idx, the cost of `leash status --batch`; workers read leased rows only (one_lease_per_shard);
  * holds and budgets are small tables. Every list has a LIMIT. Actions call what the CLI
  * commands call (queue.c for requeue and cancel, <table>_hold/_unhold as leash pause).
  */
@@ -27,7 +27,8 @@ char *dash_overview_json(PGconn *c, const struct db_table *t, const char *batch,
                          size_t errlen);
 
 /* {"task": the row, "steps": [...], "history_table": the attempt history table's name when
-   one exists (to_regclass; a later migration adds it), else null}. NULL with err ("no such task" when id has no row: *missing set). */
+   one exists (to_regclass; a later migration adds it), else null}. NULL with err ("no such
+   task" when id has no row: *missing set). */
 char *dash_task_json(PGconn *c, const struct db_table *t, long long id, int *missing,
                      char *err, size_t errlen);
 
