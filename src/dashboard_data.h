@@ -3,9 +3,10 @@
  * Reads stay cheap on a table of millions of rows: the batch list skip-scans
  * batch_open_idx (one probe per open batch) and reads the newest 10,000 ids of the primary
  * key; a batch's numbers (report.c's report, and its per-minute outcomes) read that batch's
- * rows through batch_idx, the cost of `leash status --batch`; workers read leased rows only (one_lease_per_shard);
- * holds and budgets are small tables. Every list has a LIMIT. Actions call what the CLI
- * commands call (queue.c for requeue and cancel, <table>_hold/_unhold as leash pause).
+ * rows through batch_idx, the cost of `leash status --batch`; workers read leased rows only
+ * (one_lease_per_shard); holds and budgets are small tables. Every list has a LIMIT.
+ * Actions call what the CLI commands call (queue.c for requeue and cancel, <table>_hold /
+ * _unhold as leash pause).
  */
 #ifndef LEASH_DASHBOARD_DATA_H
 #define LEASH_DASHBOARD_DATA_H
