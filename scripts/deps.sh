@@ -5,10 +5,12 @@
 # (tests/integration/sqlapi.sh). prometheus brings promtool (metrics.sh, deploy.sh: check
 # metrics, check rules, test rules). kubectl (deploy.sh: kustomize) is not listed: Debian's
 # kubernetes-client is 1.20, whose kustomize is too old; the test skips with a note without it.
+# chromium and python3-websocket run the dashboard's browser test (tests/integration/dashboard.sh
+# drives headless Chromium over the DevTools protocol).
 LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted bash-completion
                 libjansson-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev postgresql-15 postgresql-client-15 valgrind
                 util-linux bsdutils iproute2 python3 python3-psycopg2 openssl clang libclang-rt-14-dev
-                prometheus)
+                prometheus chromium python3-websocket)
 
 deps_install() {
   local missing=() p

@@ -29,6 +29,7 @@ static const struct command commands[] = {
   { "resume", cmd_resume, "lift a pause" },
   { "cancel", cmd_cancel, "end pending and running tasks dead (--id N, --batch B, --tenant T)" },
   { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
+  { "dashboard", cmd_dashboard, "a web dashboard of the queue: batches, charts, workers, actions" },
   { "fixture", cmd_fixture, "a dead task's recording as a busted spec and its fixture" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
   { "run", cmd_run, "run the worker host with a Lua script" },
@@ -84,7 +85,7 @@ static void print_help(const struct option *opts)
 {
   printf("usage: leash [GLOBAL OPTIONS] COMMAND [OPTIONS]\n\ncommands:\n");
   for (const struct command *c = commands; c->name; c++)
-    printf("  %-9s %s\n", c->name, c->summary);
+    printf("  %-11s %s\n", c->name, c->summary);
   printf("\n%s\n", cli_global_help);
   cli_print_env_help(stdout, opts);
   printf("\nRun 'leash COMMAND --help' for a command's options and their variables.\n");

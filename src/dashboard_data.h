@@ -1,0 +1,49 @@
+/*
+ * dashboard_data: the dashboard's reads and actions, each one JSON text built by SQL.
+ * Reads stay cheap on a table of millions of rows: the batch list skip-scans
+ * batch_open_idx (one probe per open batch) and reads the newest 10,000 ids of the primary
+ * key; a batch's numbers (report.c's report, and its per-minute outcomes) read that batch's
+ * rows through batch_idx, the cost of `leash status --batch`; workers read leased rows only
+ * (one_lease_per_shard); holds and budgets are small tables. Every list has a LIMIT.
+ * Actions call what the CLI commands call (queue.c for requeue and cancel, <table>_hold /
+ * _unhold as leash pause).
+ */
+#ifndef LEASH_DASHBOARD_DATA_H
+#define LEASH_DASHBOARD_DATA_H
+
+#include "db.h"
+
+#include <stddef.h>
+
+/* How many batches the overview lists; how many tasks per worker it names. */
+#define DASH_MAX_BATCHES 10
+#define DASH_WORKER_IDS 10
+
+/* {"selected": B or null, "batches": [{batch,total,pending,leased,done,dead}], "report":
+   report.c's JSON for B or null, "minutes": {"now": epoch of this minute,
+   "rows": [{t, done, dead, retried}]} (B's outcomes per minute, last hour, by finished_at),
+   "workers": [{worker, tasks, ids}], "holds": [...], "budgets": [...]}. batch: the batch to
+   show, or NULL for the first open one (else the newest). malloc'd; NULL with err. */
+char *dash_overview_json(PGconn *c, const struct db_table *t, const char *batch, char *err,
+                         size_t errlen);
+
+/* {"task": the row, "steps": [...], "history_table": the attempt history table's name when
+   one exists (to_regclass; a later migration adds it), else null}. NULL with err ("no such
+   task" when id has no row: *missing set). */
+char *dash_task_json(PGconn *c, const struct db_table *t, long long id, int *missing,
+                     char *err, size_t errlen);
+
+/* One action's fields (NULL when absent). */
+struct dash_action {
+  const char *id, *batch, *tenant, *budget, *for_s;
+  const char *kind, *scope;   /* pause/resume: "tenant", "batch" or "budget" and its name,
+                                 as a form with a choice of kind sends it */
+};
+
+/* Runs action ("requeue", "cancel", "pause", "resume"): an HTTP status (200; 400 with the
+   reason in msg for bad fields; 404 unknown action; 500 a database failure) and a JSON
+   object in *json (malloc'd) saying what was done: {"ok": true, "message": "..."}. */
+int dash_action_run(PGconn *c, const struct db_table *t, const char *action,
+                    const struct dash_action *a, char **json);
+
+#endif

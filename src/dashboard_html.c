@@ -1,0 +1,521 @@
+/* dashboard_html: pages and SVG charts drawn from the dashboard's JSON. */
+#include "dashboard_html.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BAR_W 600
+#define CHART_SLOTS 60   /* minutes */
+#define CHART_SLOT_W 10
+#define CHART_H 120
+#define PAYLOAD_SHOWN 20000   /* bytes of a value shown on a task's page */
+
+void html_escape(struct buf *b, const char *s)
+{
+  if (!s)
+    return;
+  const char *run = s;
+  for (; *s; s++) {
+    const char *e = NULL;
+    switch (*s) {
+    case '&': e = "&amp;"; break;
+    case '<': e = "&lt;"; break;
+    case '>': e = "&gt;"; break;
+    case '"': e = "&quot;"; break;
+    case '\'': e = "&#39;"; break;
+    }
+    if (e) {
+      buf_add(b, run, (size_t)(s - run));
+      buf_puts(b, e);
+      run = s + 1;
+    }
+  }
+  buf_add(b, run, (size_t)(s - run));
+}
+
+/* A query parameter's value: letters, digits and -._~ kept, the rest %XX. */
+static void url_escape(struct buf *b, const char *s)
+{
+  for (; s && *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+        ch == '-' || ch == '.' || ch == '_' || ch == '~')
+      buf_add(b, (const char *)&ch, 1);
+    else
+      buf_printf(b, "%%%02X", ch);
+  }
+}
+
+static long long num(json_t *o, const char *k)
+{
+  json_t *v = json_object_get(o, k);
+  return json_is_integer(v) ? json_integer_value(v) : (long long)json_number_value(v);
+}
+
+/* A value of the JSON as text: strings as they are, null as "", the rest as JSON. */
+static void put_value(struct buf *b, json_t *v, size_t max)
+{
+  if (!v || json_is_null(v))
+    return;
+  char *s = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+  const char *text = s ? s : json_string_value(v);
+  if (!text)
+    return;
+  size_t n = strlen(text);
+  if (n > max) {
+    char *cut = strndup(text, max);
+    html_escape(b, cut);
+    free(cut);
+    buf_printf(b, " … (%zu bytes in all)", n);
+  } else {
+    html_escape(b, text);
+  }
+  free(s);
+}
+
+static void head(struct buf *b, const char *title, const char *table, int refresh)
+{
+  buf_puts(b, "<!doctype html>\n<html lang=en><head><meta charset=utf-8>");
+  if (refresh > 0)
+    buf_printf(b, "<meta http-equiv=refresh content=%d>", refresh);
+  buf_puts(b, "<meta name=viewport content=\"width=device-width\">"
+              "<link rel=stylesheet href=\"/dashboard.css\"><title>");
+  html_escape(b, title);
+  buf_puts(b, " · leash</title></head><body><header><a href=\"/\">leash dashboard</a> <span>");
+  html_escape(b, table);
+  buf_puts(b, "</span></header><main>\n");
+}
+
+static char *finish(struct buf *b)
+{
+  buf_puts(b, "</main></body></html>\n");
+  return buf_take(b);
+}
+
+/* A form posting an action; fields: name=value pairs (values escaped), NULL-terminated. */
+static void action_form(struct buf *b, const char *action, const char *label, const char *back,
+                        const char *const *fields, int with_for)
+{
+  buf_printf(b, "<form class=action method=post action=\"/api/%s\">", action);
+  buf_puts(b, "<input type=hidden name=html value=1><input type=hidden name=back value=\"");
+  html_escape(b, back);
+  buf_puts(b, "\">");
+  for (int i = 0; fields[i]; i += 2) {
+    buf_printf(b, "<input type=hidden name=%s value=\"", fields[i]);
+    html_escape(b, fields[i + 1]);
+    buf_puts(b, "\">");
+  }
+  if (with_for)
+    buf_puts(b, "<input name=for placeholder=\"for (10m)\" size=7>");
+  buf_printf(b, "<input type=password name=token placeholder=token size=10 required>"
+                "<button type=submit data-action=%s>", action);
+  html_escape(b, label);
+  buf_puts(b, "</button></form>");
+}
+
+/* The progress bar: done, dead, leased, pending, left to right, widths by count. */
+static void bar(struct buf *b, json_t *k, int w, int h, const char *id)
+{
+  static const struct { const char *key, *colour; } parts[] = {
+    { "done", DASH_COLOUR_DONE }, { "dead", DASH_COLOUR_DEAD },
+    { "leased", DASH_COLOUR_LEASED }, { "pending", DASH_COLOUR_PENDING },
+  };
+  long long total = 0;
+  for (size_t i = 0; i < 4; i++)
+    total += num(k, parts[i].key);
+  buf_printf(b, "<svg class=bar%s%s%s width=%d height=%d viewBox=\"0 0 %d %d\" role=img>",
+             id ? " id=\"" : "", id ? id : "", id ? "\"" : "", w, h, w, h);
+  buf_printf(b, "<rect width=%d height=%d fill=\"#eceff1\"/>", w, h);
+  double x = 0;
+  for (size_t i = 0; total > 0 && i < 4; i++) {
+    double pw = (double)num(k, parts[i].key) * w / (double)total;
+    if (pw > 0)
+      buf_printf(b, "<rect class=\"seg-%s\" x=\"%.2f\" width=\"%.2f\" height=%d fill=\"%s\">"
+                    "<title>%s %lld</title></rect>",
+                 parts[i].key, x, pw, h, parts[i].colour, parts[i].key, num(k, parts[i].key));
+    x += pw;
+  }
+  buf_puts(b, "</svg>");
+}
+
+static void counts(struct buf *b, json_t *k, const char *prefix)
+{
+  static const char *const keys[] = { "done", "dead", "leased", "pending" };
+  buf_puts(b, "<span class=counts>");
+  for (size_t i = 0; i < 4; i++)
+    buf_printf(b, "<span class=\"c-%s\">%s <b%s%s%s%s>%lld</b></span> ", keys[i], keys[i],
+               prefix ? " id=\"" : "", prefix ? prefix : "", prefix ? keys[i] : "",
+               prefix ? "\"" : "", num(k, keys[i]));
+  buf_puts(b, "</span>");
+}
+
+/* The batches: one line each, a link to its view, its bar and counts. */
+static void section_batches(struct buf *b, json_t *o)
+{
+  json_t *batches = json_object_get(o, "batches"), *x;
+  size_t i;
+  buf_puts(b, "<section id=batches><h2>Batches</h2>");
+  if (json_array_size(batches) == 0)
+    buf_puts(b, "<p class=empty>No batch among the open rows or the newest 10,000.</p>");
+  else
+    buf_puts(b, "<table><tr><th>batch</th><th>progress</th><th>total</th><th>counts</th></tr>");
+  json_array_foreach(batches, i, x) {
+    const char *name = json_string_value(json_object_get(x, "batch"));
+    buf_puts(b, "<tr><td><a href=\"/?batch=");
+    url_escape(b, name);
+    buf_puts(b, "\">");
+    html_escape(b, name);
+    buf_puts(b, "</a></td><td>");
+    bar(b, x, 240, 14, NULL);
+    buf_printf(b, "</td><td>%lld</td><td>", num(x, "total"));
+    counts(b, x, NULL);
+    buf_puts(b, "</td></tr>");
+  }
+  if (json_array_size(batches) > 0)
+    buf_puts(b, "</table>");
+  buf_puts(b, "</section>\n");
+}
+
+/* Settles per minute over the last hour: stacked done (bottom), retried, dead. */
+static void chart(struct buf *b, json_t *minutes)
+{
+  long long now = num(minutes, "now");
+  long long done[CHART_SLOTS] = { 0 }, dead[CHART_SLOTS] = { 0 }, retried[CHART_SLOTS] = { 0 };
+  long long top = 1;
+  json_t *rows = json_object_get(minutes, "rows"), *r;
+  size_t i;
+  json_array_foreach(rows, i, r) {
+    long long slot = CHART_SLOTS - 1 - (now - num(r, "t")) / 60;
+    if (slot < 0 || slot >= CHART_SLOTS)
+      continue;
+    done[slot] = num(r, "done"), dead[slot] = num(r, "dead"), retried[slot] = num(r, "retried");
+    if (done[slot] + dead[slot] + retried[slot] > top)
+      top = done[slot] + dead[slot] + retried[slot];
+  }
+  int w = CHART_SLOTS * CHART_SLOT_W;
+  buf_printf(b, "<svg id=chart class=chart width=%d height=%d viewBox=\"0 0 %d %d\" role=img>"
+                "<rect width=%d height=%d fill=\"#fafafa\" stroke=\"#cfd8dc\"/>",
+             w, CHART_H + 14, w, CHART_H + 14, w, CHART_H);
+  for (int s = 0; s < CHART_SLOTS; s++) {
+    double y = CHART_H;
+    const long long v[3] = { done[s], retried[s], dead[s] };
+    static const char *const colour[3] = { DASH_COLOUR_DONE, DASH_COLOUR_RETRIED,
+                                           DASH_COLOUR_DEAD };
+    static const char *const what[3] = { "done", "retried", "dead" };
+    for (int k = 0; k < 3; k++) {
+      if (!v[k])
+        continue;
+      double hgt = (double)v[k] * (CHART_H - 4) / (double)top;
+      y -= hgt;
+      buf_printf(b, "<rect class=\"m-%s\" x=%d y=\"%.2f\" width=%d height=\"%.2f\" fill=\"%s\">"
+                    "<title>%d min ago: %lld %s</title></rect>",
+                 what[k], s * CHART_SLOT_W + 1, y, CHART_SLOT_W - 2, hgt, colour[k],
+                 CHART_SLOTS - 1 - s, v[k], what[k]);
+    }
+  }
+  buf_printf(b, "<text x=2 y=%d font-size=10>-60 min</text><text x=%d y=%d font-size=10 "
+                "text-anchor=end>now · peak %lld/min</text></svg>",
+             CHART_H + 12, w - 2, CHART_H + 12, top);
+}
+
+static void seconds(struct buf *b, json_t *v)
+{
+  if (json_is_number(v))
+    buf_printf(b, "%.2f s", json_number_value(v));
+  else
+    buf_puts(b, "–");
+}
+
+/* The batch shown: bar, counts, chart, durations, dead reasons, its actions. */
+static void section_batch(struct buf *b, json_t *o)
+{
+  const char *name = json_string_value(json_object_get(o, "selected"));
+  json_t *rep = json_object_get(o, "report");
+  if (!name || !json_is_object(rep))
+    return;
+  json_t *k = json_object_get(rep, "counts");
+  struct buf back = { 0 };
+  buf_puts(&back, "/?batch=");
+  url_escape(&back, name);
+  buf_puts(b, "<section id=batch><h2>Batch <span id=batch-name>");
+  html_escape(b, name);
+  buf_printf(b, "</span></h2><p>total <b id=n-total>%lld</b> ", num(rep, "total"));
+  counts(b, k, "n-");
+  buf_puts(b, "</p>");
+  bar(b, k, BAR_W, 28, "bar");
+  buf_puts(b, "<h3>Settled per minute, last hour (by each task's last settle)</h3>");
+  chart(b, json_object_get(o, "minutes"));
+  /* Classes, not style attributes: the Content-Security-Policy allows no inline style. */
+  buf_puts(b, "<p class=legend><i class=lg-done></i>done <i class=lg-retried></i>retried "
+              "(waiting) <i class=lg-dead></i>dead</p>");
+  json_t *d = json_object_get(rep, "duration_s");
+  buf_printf(b, "<h3>Durations of done tasks</h3><p id=durations>%lld timed: p50 ",
+             num(d, "count"));
+  seconds(b, json_object_get(d, "p50"));
+  buf_puts(b, ", p95 ");
+  seconds(b, json_object_get(d, "p95"));
+  buf_puts(b, ", max ");
+  seconds(b, json_object_get(d, "max"));
+  buf_printf(b, "; %lld retries over %lld tasks; wall ", num(rep, "retries"),
+             num(rep, "retried_tasks"));
+  seconds(b, json_object_get(rep, "wall_s"));
+  buf_puts(b, "</p>");
+  json_t *reasons = json_object_get(rep, "dead_reasons"), *r, *id;
+  size_t i, j;
+  buf_puts(b, "<h3>Dead reasons</h3>");
+  if (json_array_size(reasons) == 0)
+    buf_puts(b, "<p class=empty>No dead task.</p>");
+  else
+    buf_puts(b, "<table id=dead-reasons><tr><th>tasks</th><th>reason</th><th>examples</th></tr>");
+  json_array_foreach(reasons, i, r) {
+    buf_printf(b, "<tr><td>%lld</td><td class=reason>", num(r, "count"));
+    put_value(b, json_object_get(r, "reason"), 300);
+    buf_puts(b, "</td><td>");
+    json_array_foreach(json_object_get(r, "example_ids"), j, id)
+      buf_printf(b, "<a class=task href=\"/task?id=%lld\">%lld</a> ", json_integer_value(id),
+                 json_integer_value(id));
+    buf_puts(b, "</td></tr>");
+  }
+  if (json_array_size(reasons) > 0)
+    buf_puts(b, "</table>");
+  json_t *usage = json_object_get(rep, "usage"), *u;
+  buf_puts(b, "<h3>Tokens and cost (leash.usage and budgeted calls)</h3>");
+  if (json_array_size(usage) == 0)
+    buf_puts(b, "<p class=empty>No usage recorded for this batch.</p>");
+  else
+    buf_puts(b, "<table id=usage><tr><th>budget</th><th>model</th><th>calls</th><th>input</th>"
+                "<th>output</th><th>tokens</th><th>cost</th></tr>");
+  json_array_foreach(usage, i, u) {
+    static const char *const cols[] = { "budget", "model", "calls", "input_tokens",
+                                        "output_tokens", "tokens", "cost" };
+    buf_puts(b, "<tr>");
+    for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+      buf_puts(b, "<td>");
+      put_value(b, json_object_get(u, cols[c]), 200);
+      buf_puts(b, "</td>");
+    }
+    buf_puts(b, "</tr>");
+  }
+  if (json_array_size(usage) > 0)
+    buf_puts(b, "</table>");
+  buf_puts(b, "<div class=actions>");
+  const char *f[] = { "batch", name, NULL };
+  action_form(b, "pause", "pause batch", back.s, f, 1);
+  action_form(b, "resume", "resume batch", back.s, f, 0);
+  action_form(b, "requeue", "requeue its dead", back.s, f, 0);
+  action_form(b, "cancel", "cancel batch", back.s, f, 0);
+  buf_puts(b, "</div></section>\n");
+  buf_free(&back);
+}
+
+static void section_workers(struct buf *b, json_t *o)
+{
+  json_t *ws = json_object_get(o, "workers"), *w, *id;
+  size_t i, j;
+  buf_puts(b, "<section id=workers><h2>Workers (leases held now)</h2>");
+  if (json_array_size(ws) == 0)
+    buf_puts(b, "<p class=empty>No task is leased.</p>");
+  else
+    buf_puts(b, "<table><tr><th>worker</th><th>tasks</th><th>running</th></tr>");
+  json_array_foreach(ws, i, w) {
+    buf_puts(b, "<tr><td>");
+    html_escape(b, json_string_value(json_object_get(w, "worker")));
+    buf_printf(b, "</td><td>%lld</td><td>", num(w, "tasks"));
+    json_array_foreach(json_object_get(w, "ids"), j, id)
+      buf_printf(b, "<a class=task href=\"/task?id=%lld\">%lld</a> ", json_integer_value(id),
+                 json_integer_value(id));
+    buf_puts(b, "</td></tr>");
+  }
+  if (json_array_size(ws) > 0)
+    buf_puts(b, "</table>");
+  buf_puts(b, "</section>\n");
+}
+
+static void section_holds(struct buf *b, json_t *o)
+{
+  json_t *hs = json_object_get(o, "holds"), *h;
+  size_t i;
+  buf_puts(b, "<section id=holds><h2>Holds and pauses</h2>"
+              "<form class=action id=pause-scope method=post action=\"/api/pause\">"
+              "<input type=hidden name=html value=1><input type=hidden name=back value=\"/\">"
+              "<select name=kind><option>tenant</option><option>batch</option>"
+              "<option>budget</option></select><input name=scope placeholder=name required>"
+              "<input name=for placeholder=\"for (10m)\" size=7>"
+              "<input type=password name=token placeholder=token size=10 required>"
+              "<button type=submit data-action=pause>pause</button></form>");
+  if (json_array_size(hs) == 0)
+    buf_puts(b, "<p class=empty>Nothing is held.</p>");
+  else
+    buf_puts(b, "<table><tr><th>kind</th><th>scope</th><th>by</th><th>left</th><th>reason</th>"
+                "<th></th></tr>");
+  json_array_foreach(hs, i, h) {
+    const char *kind = json_string_value(json_object_get(h, "kind"));
+    const char *scope = json_string_value(json_object_get(h, "scope"));
+    buf_puts(b, "<tr><td>");
+    html_escape(b, kind);
+    buf_puts(b, "</td><td class=scope>");
+    html_escape(b, scope);
+    buf_puts(b, "</td><td>");
+    html_escape(b, json_string_value(json_object_get(h, "by")));
+    buf_puts(b, "</td><td>");
+    json_t *left = json_object_get(h, "left_s");
+    if (json_is_number(left))
+      seconds(b, left);
+    else
+      buf_puts(b, "until resumed");
+    buf_puts(b, "</td><td>");
+    put_value(b, json_object_get(h, "reason"), 300);
+    buf_puts(b, "</td><td>");
+    if (kind && scope && (!strcmp(kind, "batch") || !strcmp(kind, "tenant") ||
+                          !strcmp(kind, "budget"))) {
+      const char *f[] = { kind, scope, NULL };
+      action_form(b, "resume", "resume", "/", f, 0);
+    }
+    buf_puts(b, "</td></tr>");
+  }
+  if (json_array_size(hs) > 0)
+    buf_puts(b, "</table>");
+  buf_puts(b, "</section>\n");
+}
+
+static void section_budgets(struct buf *b, json_t *o)
+{
+  json_t *bs = json_object_get(o, "budgets"), *x;
+  size_t i;
+  buf_puts(b, "<section id=budgets><h2>Budgets</h2>");
+  if (json_array_size(bs) == 0)
+    buf_puts(b, "<p class=empty>No budget is set (leash budget set).</p>");
+  else
+    buf_puts(b, "<table><tr><th>budget</th><th>calls / rpm</th><th>tokens / tpm</th>"
+                "<th>in flight</th><th>paused</th></tr>");
+  json_array_foreach(bs, i, x) {
+    buf_puts(b, "<tr><td>");
+    html_escape(b, json_string_value(json_object_get(x, "name")));
+    buf_printf(b, "</td><td>%lld / ", num(x, "calls"));
+    put_value(b, json_object_get(x, "rpm"), 40);
+    buf_printf(b, "</td><td>%lld / ", num(x, "tokens"));
+    put_value(b, json_object_get(x, "tpm"), 40);
+    buf_printf(b, "</td><td>%lld</td><td>", num(x, "in_flight"));
+    json_t *p = json_object_get(x, "paused_s");
+    if (json_is_number(p))
+      seconds(b, p);
+    else
+      buf_puts(b, "no");
+    buf_puts(b, "</td></tr>");
+  }
+  if (json_array_size(bs) > 0)
+    buf_puts(b, "</table>");
+  buf_puts(b, "</section>\n");
+}
+
+/* The overview's sections, in page order: one more kind of data is one more entry. */
+static void (*const overview_sections[])(struct buf *, json_t *) = {
+  section_batch, section_batches, section_workers, section_holds, section_budgets,
+};
+
+char *dash_overview_html(const char *overview, const char *table, int refresh)
+{
+  json_t *o = json_loads(overview, 0, NULL);
+  if (!o)
+    return NULL;
+  struct buf b = { 0 };
+  head(&b, "overview", table, refresh);
+  const char *shown = json_string_value(json_object_get(o, "selected"));
+  buf_puts(&b, "<p class=refresh>");
+  if (refresh > 0)
+    buf_printf(&b, "reloads every %d s · <a id=refresh-off href=\"/", refresh);
+  else
+    buf_puts(&b, "<a id=refresh-on href=\"/?refresh=10");
+  if (shown) {
+    buf_puts(&b, refresh > 0 ? "?batch=" : "&amp;batch=");
+    url_escape(&b, shown);
+  }
+  buf_puts(&b, refresh > 0 ? "\">stop reloading</a></p>" : "\">reload every 10 s</a></p>");
+  for (size_t i = 0; i < sizeof overview_sections / sizeof overview_sections[0]; i++)
+    overview_sections[i](&b, o);
+  json_decref(o);
+  return finish(&b);
+}
+
+char *dash_task_html(const char *task, const char *table)
+{
+  json_t *o = json_loads(task, 0, NULL);
+  if (!o)
+    return NULL;
+  json_t *row = json_object_get(o, "task"), *v, *s;
+  long long id = num(row, "id");
+  const char *status = json_string_value(json_object_get(row, "status"));
+  char title[48], back[48], ids[32];
+  snprintf(title, sizeof title, "task %lld", id);
+  snprintf(back, sizeof back, "/task?id=%lld", id);
+  snprintf(ids, sizeof ids, "%lld", id);
+  struct buf b = { 0 };
+  head(&b, title, table, 0);
+  buf_printf(&b, "<section id=task><h2>Task %lld <span id=task-status class=\"st-", id);
+  html_escape(&b, status);
+  buf_puts(&b, "\">");
+  html_escape(&b, status);
+  buf_puts(&b, "</span></h2><div class=actions>");
+  const char *f[] = { "id", ids, NULL };
+  if (status && !strcmp(status, "dead"))
+    action_form(&b, "requeue", "requeue", back, f, 0);
+  if (status && (!strcmp(status, "pending") || !strcmp(status, "leased")))
+    action_form(&b, "cancel", "cancel", back, f, 0);
+  buf_puts(&b, "</div><h3>Last error</h3><pre id=last-error>");
+  put_value(&b, json_object_get(row, "last_error"), PAYLOAD_SHOWN);
+  buf_puts(&b, "</pre><h3>Row</h3><table class=row>");
+  const char *key;
+  json_object_foreach(row, key, v) {
+    if (!strcmp(key, "last_error"))
+      continue;
+    buf_puts(&b, "<tr><th>");
+    html_escape(&b, key);
+    buf_puts(&b, "</th><td><pre>");
+    put_value(&b, v, PAYLOAD_SHOWN);
+    buf_puts(&b, "</pre></td></tr>");
+  }
+  buf_puts(&b, "</table><h3>Steps</h3>");
+  json_t *steps = json_object_get(o, "steps");
+  size_t i;
+  if (json_array_size(steps) == 0)
+    buf_puts(&b, "<p class=empty>No stored step.</p>");
+  else
+    buf_puts(&b, "<table><tr><th>step</th><th>attempt</th><th>at</th><th>result</th></tr>");
+  json_array_foreach(steps, i, s) {
+    buf_puts(&b, "<tr><td>");
+    put_value(&b, json_object_get(s, "name"), 200);
+    buf_printf(&b, "</td><td>%lld</td><td>", num(s, "attempt"));
+    put_value(&b, json_object_get(s, "created_at"), 64);
+    buf_puts(&b, "</td><td><pre>");
+    put_value(&b, json_object_get(s, "result"), 2000);
+    buf_puts(&b, "</pre></td></tr>");
+  }
+  if (json_array_size(steps) > 0)
+    buf_puts(&b, "</table>");
+  buf_puts(&b, "<h3>Attempts</h3><p class=empty>");
+  if (json_is_string(json_object_get(o, "history_table")))
+    buf_puts(&b, "An attempt history table exists; this version does not read it yet.");
+  else
+    buf_puts(&b, "No attempt history is stored (only the last attempt's error, above).");
+  buf_puts(&b, "</p></section>\n");
+  json_decref(o);
+  return finish(&b);
+}
+
+char *dash_message_html(int status, const char *message, const char *back)
+{
+  /* A local path only: an absolute URL or //host would make the link an open redirect. */
+  if (!back || back[0] != '/' || back[1] == '/' || back[1] == '\\')
+    back = "/";
+  struct buf b = { 0 };
+  head(&b, status < 300 ? "done" : "refused", "", 0);
+  buf_printf(&b, "<section id=result class=\"r%d\"><h2>%s</h2><p id=message>", status,
+             status < 300 ? "Done" : "Refused");
+  html_escape(&b, message);
+  buf_puts(&b, "</p><p><a id=back href=\"");
+  html_escape(&b, back);
+  buf_puts(&b, "\">back</a></p></section>\n");
+  return finish(&b);
+}

@@ -1,0 +1,456 @@
+#!/usr/bin/env bash
+# `leash dashboard`: the web dashboard, without a browser (HTTP through python3's urllib) and
+# in headless Chromium driven over the DevTools protocol (dashboard_browser.py).
+source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/run_common.sh"
+
+# Debian's python3 (python3-websocket is installed for it, not for another python on PATH).
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=python3
+BROWSER_PY=$LEASH_SRC/tests/integration/dashboard_browser.py
+TOKEN=dashboard-test-token-0123456789abcdef
+
+free_port() {
+  local p
+  for ((p = 20200 + RANDOM % 500; p < 21000; p++)); do
+    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+  fail "no free port"
+}
+
+# http METHOD URL [BODY [HEADER]]: prints the status on the first line, then the body.
+http() {
+  "$PY" - "$@" <<'PY'
+import sys, urllib.request, urllib.error
+method, url = sys.argv[1], sys.argv[2]
+body = sys.argv[3].encode() if len(sys.argv) > 3 and method != "GET" else None
+req = urllib.request.Request(url, data=body, method=method)
+if body is not None:
+    req.add_header("Content-Type", "application/x-www-form-urlencoded")
+if len(sys.argv) > 4:
+    k, v = sys.argv[4].split(": ", 1)
+    req.add_header(k, v)
+try:
+    r = urllib.request.urlopen(req, timeout=30)
+    status, text = r.status, r.read()
+except urllib.error.HTTPError as e:
+    status, text = e.code, e.read()
+print(status)
+sys.stdout.write(text.decode())
+PY
+}
+
+# http_status METHOD URL [BODY [HEADER]]: the status only.
+http_status() {
+  local out
+  out=$(http "$@")
+  echo "${out%%$'\n'*}"
+}
+
+# The task script: sleeps payload.sleep seconds, then dies with payload.die if given.
+write_script() {
+  cat >"$T_TMP/batch.lua" <<'LUA'
+local leash = require "leash"
+return function(task)
+  local p = task.payload
+  if p.sleep then leash.sleep(p.sleep) end
+  if p.die then return leash.fatal(p.die) end
+  return leash.ok({ id = task.id })
+end
+LUA
+}
+
+# start_dashboard PORT [OPTIONS...]: in the background, log in $T_TMP/dashboard.log; waits
+# until it answers.
+start_dashboard() {
+  local port=$1
+  shift
+  "$LEASH" dashboard --listen "127.0.0.1:$port" "$@" >"$T_TMP/dashboard.out" \
+    2>"$T_TMP/dashboard.log" &
+  DASH_PID=$!
+  t_on_exit t_kill "$DASH_PID"
+  wait_for "the dashboard to answer" 60 eval "[[ \$(http_status GET http://127.0.0.1:$port/api/overview) == 200 ]]"
+}
+
+# stop_dashboard: one TERM to its pid; it must exit 0 (under ASan: with no leak reported).
+stop_dashboard() {
+  kill -TERM "$DASH_PID"
+  wait_for "the dashboard to exit" 60 exited "$DASH_PID"
+  local rc=0
+  wait "$DASH_PID" || rc=$?
+  assert_eq "the dashboard's exit status after TERM" "$rc" 0
+}
+
+token_file() {
+  printf '%s\n' "$TOKEN" >"$T_TMP/token"
+  chmod 600 "$T_TMP/token"
+}
+
+case_actions_need_the_token_and_a_missing_or_wrong_one_changes_nothing() {
+  run_setup
+  token_file
+  local port out
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{"die":"x"}' >/dev/null
+  q "update agent_work_queue set status = 'dead', last_cause = 'returned'" >/dev/null
+  start_dashboard "$port" --token-file "$T_TMP/token"
+  local u="http://127.0.0.1:$port/api"
+  # Every action, without a token (401) and with wrong ones (403): nothing changes.
+  for action in requeue cancel pause resume; do
+    out=$(http POST "$u/$action" "id=1&batch=b1")
+    assert_eq "$action without a token" "$(head -1 <<<"$out")" 401
+    for wrong in "${TOKEN}x" "${TOKEN:0:20}" "$(tr a-z A-Z <<<"$TOKEN")" "Bearer $TOKEN"; do
+      out=$(http POST "$u/$action" "batch=b1" "Authorization: Bearer $wrong")
+      assert_eq "$action with a wrong header token" "$(head -1 <<<"$out")" 403
+      out=$(http POST "$u/$action" "batch=b1&token=$wrong")
+      assert_eq "$action with a wrong form token" "$(head -1 <<<"$out")" 403
+    done
+  done
+  # A token in the query string is not taken (URLs end up in logs).
+  out=$(http POST "$u/requeue?token=$TOKEN" "id=1")
+  assert_eq "token in the query string" "$(head -1 <<<"$out")" 401
+  assert_eq "status after refused actions" "$(q "select status from agent_work_queue")" dead
+  assert_eq "holds after refused actions" "$(q "select count(*) from agent_work_queue_holds")" 0
+  # GET cannot act.
+  assert_eq "GET of an action" "$(http_status GET "$u/requeue?id=1")" 404
+  # The right token, as a header and as a form field.
+  out=$(http POST "$u/requeue" "id=1" "Authorization: Bearer $TOKEN")
+  assert_eq "requeue with the token" "$(head -1 <<<"$out")" 200
+  assert_eq "status after requeue" "$(q "select status from agent_work_queue")" pending
+  out=$(http POST "$u/pause" "batch=b1&token=$TOKEN")
+  assert_eq "pause with the form token" "$(head -1 <<<"$out")" 200
+  assert_eq "hold after pause" "$(q "select kind || ':' || scope from agent_work_queue_holds")" batch:b1
+  out=$(http POST "$u/resume" "batch=b1&token=$TOKEN")
+  assert_eq "resume" "$(head -1 <<<"$out")" 200
+  assert_eq "holds after resume" "$(q "select count(*) from agent_work_queue_holds where until is null or until > now()")" 0
+  out=$(http POST "$u/cancel" "id=1&token=$TOKEN")
+  assert_eq "cancel" "$(head -1 <<<"$out")" 200
+  assert_eq "status after cancel" "$(q "select status || ' ' || last_cause from agent_work_queue")" "dead cancelled"
+  # The page's own pause form names the kind and the scope.
+  out=$(http POST "$u/pause" "kind=tenant&scope=acme&for=10m&token=$TOKEN")
+  assert_eq "pause by kind and scope" "$(head -1 <<<"$out")" 200
+  assert_eq "tenant hold" "$(q "select kind || ':' || scope from agent_work_queue_holds where kind = 'tenant'")" tenant:acme
+  # Bad fields: 400, nothing changed.
+  out=$(http POST "$u/pause" "kind=table&scope=acme&token=$TOKEN")
+  assert_eq "an unknown kind" "$(head -1 <<<"$out")" 400
+  out=$(http POST "$u/pause" "kind=tenant&scope=acme&batch=b1&token=$TOKEN")
+  assert_eq "two scopes" "$(head -1 <<<"$out")" 400
+  out=$(http POST "$u/requeue" "id=abc&token=$TOKEN")
+  assert_eq "bad id" "$(head -1 <<<"$out")" 400
+  out=$(http POST "$u/pause" "token=$TOKEN")
+  assert_eq "pause without a scope" "$(head -1 <<<"$out")" 400
+  out=$(http POST "$u/pause" "batch=b1&for=soon&token=$TOKEN")
+  assert_eq "bad duration" "$(head -1 <<<"$out")" 400
+  assert_eq "unknown action" "$(http_status POST "$u/drop" "token=$TOKEN")" 404
+  # The token never reaches the log.
+  stop_dashboard
+  assert_not_contains "dashboard log" "$(cat "$T_TMP/dashboard.log")" "$TOKEN"
+  # Without --token-file every action is off, even on loopback.
+  start_dashboard "$port"
+  out=$(http POST "$u/requeue" "id=1&token=$TOKEN")
+  assert_eq "action without a configured token" "$(head -1 <<<"$out")" 403
+  assert_contains "why" "$out" "--token-file"
+}
+
+case_on_loopback_a_request_naming_another_host_is_refused() {
+  run_setup
+  token_file
+  local port
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{}' >/dev/null
+  q "update agent_work_queue set status = 'dead', last_cause = 'returned'" >/dev/null
+  start_dashboard "$port" --token-file "$T_TMP/token"
+  local u="http://127.0.0.1:$port/api"
+  # On loopback, a Host that is not this machine (DNS rebinding) is refused, reads too.
+  local h
+  for h in evil.example evil.example:$port 127.0.0.1.evil.example "[::2]:$port"; do
+    assert_eq "GET with Host $h" "$(http_status GET "$u/overview" "" "Host: $h")" 403
+    assert_eq "POST with Host $h" "$(http_status POST "$u/requeue" "id=1&token=$TOKEN" "Host: $h")" 403
+  done
+  for h in "localhost:$port" "127.0.0.1:$port" LOCALHOST; do
+    assert_eq "GET with Host $h" "$(http_status GET "$u/overview" "" "Host: $h")" 200
+  done
+  assert_eq "status after refused hosts" "$(q "select status from agent_work_queue")" dead
+  stop_dashboard
+}
+
+case_reload_every_n_seconds_is_a_meta_refresh_and_bad_values_are_refused() {
+  run_setup
+  local port page v
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{}' >/dev/null
+  start_dashboard "$port"
+  page=$(http GET "http://127.0.0.1:$port/")
+  assert_not_contains "no reload by default" "$page" "http-equiv=refresh"
+  assert_contains "a link to reload" "$page" 'href="/?refresh=10&amp;batch=b1"'
+  page=$(http GET "http://127.0.0.1:$port/?batch=b1&refresh=10")
+  assert_contains "reload every 10 s" "$page" "<meta http-equiv=refresh content=10>"
+  assert_contains "a link to stop" "$page" 'href="/?batch=b1"'
+  for v in 0 1 3601 abc -5 10s 2.5 ""; do
+    assert_eq "refresh=$v" "$(http_status GET "http://127.0.0.1:$port/?refresh=$v")" 400
+  done
+  stop_dashboard
+}
+
+case_a_locked_table_or_a_lost_connection_is_a_503_and_the_dashboard_recovers() {
+  run_setup
+  local port out
+  port=$(free_port)
+  "$LEASH" enqueue --batch b1 '{}' >/dev/null
+  start_dashboard "$port"
+  local u="http://127.0.0.1:$port/api/overview"
+  # A session holding the table: the read ends by the statement_timeout (5 s), not the lock.
+  PGAPPNAME=dash-locker psql -X -q -d "$DATABASE_URL" -c \
+    "begin; lock table agent_work_queue in access exclusive mode; select pg_sleep(120); commit" \
+    >/dev/null 2>&1 &
+  t_on_exit t_kill "$!"
+  wait_for "the lock to be held" 30 q_true "select count(*) = 1 from pg_stat_activity
+    where application_name = 'dash-locker' and state = 'active' and wait_event = 'PgSleep'"
+  out=$(http GET "$u")
+  assert_eq "overview while the table is locked" "${out%%$'\n'*}" 503
+  assert_contains "why" "$out" "statement timeout"
+  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'dash-locker'" >/dev/null
+  wait_for "the overview to answer again" 60 eval "[[ \$(http_status GET $u) == 200 ]]"
+  # Its own connection cut: a 503 at most once, then it reconnects by itself ...
+  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'leash dashboard'" >/dev/null
+  wait_for "the overview after a reconnect" 60 eval "[[ \$(http_status GET $u) == 200 ]]"
+  # ... with its statement_timeout set again.
+  PGAPPNAME=dash-locker psql -X -q -d "$DATABASE_URL" -c \
+    "begin; lock table agent_work_queue in access exclusive mode; select pg_sleep(120); commit" \
+    >/dev/null 2>&1 &
+  t_on_exit t_kill "$!"
+  wait_for "the lock to be held again" 30 q_true "select count(*) = 1 from pg_stat_activity
+    where application_name = 'dash-locker' and state = 'active' and wait_event = 'PgSleep'"
+  assert_eq "overview while locked, after the reconnect" "$(http_status GET "$u")" 503
+  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'dash-locker'" >/dev/null
+  stop_dashboard
+}
+
+case_a_non_loopback_address_without_a_token_is_refused_at_start_with_one_line() {
+  token_file
+  local addr
+  for addr in 0.0.0.0:8089 :8089 "[::]:8089" 192.0.2.1:8089; do
+    expect_exit 2 "$LEASH" dashboard --listen "$addr"
+    assert_eq "stderr lines for $addr" "$(wc -l <"$T_ERR")" 1
+    assert_contains "error for $addr" "$(cat "$T_ERR")" "not a loopback address: give --token-file"
+  done
+  expect_exit 2 env LEASH_LISTEN=0.0.0.0:8089 "$LEASH" dashboard
+  assert_contains "from the environment" "$(cat "$T_ERR")" "not a loopback address"
+  # Bad token files: one line naming the file, the token never echoed.
+  printf 'short\n' >"$T_TMP/short"
+  printf '\n%s\n' "$TOKEN" >"$T_TMP/first-line-empty"
+  printf 'abc\0def-0123456789abcdef\n' >"$T_TMP/nul"
+  local f
+  for f in short first-line-empty nul missing; do
+    expect_exit 2 "$LEASH" dashboard --listen 0.0.0.0:8089 --token-file "$T_TMP/$f"
+    assert_eq "stderr lines for token file $f" "$(wc -l <"$T_ERR")" 1
+    assert_contains "error for token file $f" "$(cat "$T_ERR")" "$T_TMP/$f"
+    assert_not_contains "token file $f echoed" "$(cat "$T_ERR")" "def-0123"
+  done
+}
+
+case_bad_listen_addresses_are_refused_with_one_line() {
+  local addr
+  for addr in nope 127.0.0.1 127.0.0.1:0 127.0.0.1:65536 127.0.0.1:http "[zz]:80" \
+              "127.0.0.1:-1" "no.such.host.invalid:8089"; do
+    expect_exit 2 "$LEASH" dashboard --listen "$addr"
+    assert_contains "error for $addr" "$(head -1 "$T_ERR")" "leash dashboard: --listen"
+    assert_eq "stdout for $addr" "$(cat "$T_OUT")" ""
+  done
+}
+
+case_hostile_values_are_escaped_in_every_page() {
+  run_setup
+  token_file
+  local port page id hostile
+  port=$(free_port)
+  # Classes of hostile text: a tag, an attribute break, a quote break, entities.
+  local -a values=('<script>alert(1)</script>' '"><img src=x onerror=alert(2)>'
+                   "'><svg onload=alert(3)>" '&lt;b&gt; & </pre></td>')
+  local i=0 v
+  for v in "${values[@]}"; do
+    "$PY" -c 'import json,sys; v=sys.argv[1]; print(json.dumps({"payload":{"note":v},
+      "tenant_id":v,"batch":"b"+v,"shard_key":v}))' "$v" | "$LEASH" enqueue --file - >/dev/null
+    i=$((i + 1))
+  done
+  q "update agent_work_queue set status = 'dead', last_cause = 'returned',
+       last_error = payload->>'note', finished_at = now(), lease_owner = payload->>'note'" >/dev/null
+  q "update agent_work_queue set status = 'leased', lease_token = 1, locked_until = now() + interval '1 hour'
+      where id = 1" >/dev/null
+  q "insert into agent_work_queue_holds (kind, scope, source, reason)
+     select 'tenant', payload->>'note', 'pause', payload->>'note' from agent_work_queue" >/dev/null
+  q "insert into agent_work_queue_usage (task_id, batch, budget, model, input_tokens,
+       output_tokens, tokens, cost)
+     select id, batch, payload->>'note', payload->>'note', 1, 2, 3, 0.5 from agent_work_queue" >/dev/null
+  start_dashboard "$port" --token-file "$T_TMP/token"
+  local -a pages=("/")
+  for id in $(q "select id from agent_work_queue order by id"); do
+    pages+=("/task?id=$id" "/?batch=$(q "select batch from agent_work_queue where id = $id" |
+                                      "$PY" -c 'import sys,urllib.parse; print(urllib.parse.quote(sys.stdin.read().strip()))')")
+  done
+  pages+=("/api/resume")   # the result page of an action (html=1) echoes the scope too
+  local p
+  for p in "${pages[@]}"; do
+    if [[ $p == /api/* ]]; then
+      page=$(http POST "http://127.0.0.1:$port$p" "html=1&batch=$(
+        "$PY" -c 'import urllib.parse,sys; print(urllib.parse.quote(sys.argv[1]))' "${values[0]}")&token=$TOKEN&back=$(
+        "$PY" -c 'import urllib.parse,sys; print(urllib.parse.quote(sys.argv[1]))' "/\"><script>x</script>")")
+    else
+      page=$(http GET "http://127.0.0.1:$port$p")
+    fi
+    assert_eq "status of $p" "$(head -1 <<<"$page")" 200
+    for v in "${values[@]}"; do
+      assert_not_contains "raw hostile value in $p" "$page" "$v"
+    done
+    assert_not_contains "a script tag in $p" "$page" "<script"
+    assert_not_contains "an onerror attribute in $p" "$page" "<img"
+    assert_not_contains "an svg from a value in $p" "$page" "<svg onload"
+  done
+  page=$(http GET "http://127.0.0.1:$port/task?id=1")
+  assert_contains "escaped tag on a task page" "$page" "&lt;script&gt;alert(1)&lt;/script&gt;"
+  page=$(http GET "http://127.0.0.1:$port/task?id=2")
+  assert_contains "escaped quote on a task page" "$page" "&quot;&gt;&lt;img src=x onerror=alert(2)&gt;"
+  page=$(http GET "http://127.0.0.1:$port/")
+  assert_contains "escaped hold reason" "$page" "&#39;&gt;&lt;svg onload=alert(3)&gt;"
+  page=$(http GET "http://127.0.0.1:$port/?batch=b%3Cscript%3Ealert(1)%3C%2Fscript%3E")
+  assert_contains "escaped budget in the usage table" "$page" "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>"
+  # The JSON has the values as they are (JSON-escaped by the database, not HTML-escaped).
+  page=$(http GET "http://127.0.0.1:$port/api/task?id=1")
+  assert_eq "task JSON keeps the value" "$(tail -n +2 <<<"$page" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["task"]["last_error"])')" "${values[0]}"
+  # No script runs and nothing is fetched elsewhere: the policy header says so.
+  "$PY" - "http://127.0.0.1:$port/" >"$T_TMP/csp" <<'PY'
+import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1], timeout=30).headers["Content-Security-Policy"])
+PY
+  assert_contains "content security policy" "$(cat "$T_TMP/csp")" "default-src 'none'"
+  stop_dashboard
+}
+
+# pixels JSON KEY: a number from the screenshot step's output.
+jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); v=eval("d"+sys.argv[2]); print(json.dumps(v) if not isinstance(v,str) else v)' "$1" "$2"; }
+
+case_the_browser_shows_the_live_batch_and_its_actions_change_the_database() {
+  command -v chromium >/dev/null 2>&1 || {
+    echo "skip ${T_AREA}.${T_CASE}: no chromium (Debian's chromium package)" >&2
+    exit 77
+  }
+  "$PY" -c 'import websocket' 2>/dev/null || {
+    echo "skip ${T_AREA}.${T_CASE}: $PY has no websocket module (python3-websocket)" >&2
+    exit 77
+  }
+  run_setup
+  token_file
+  write_script
+  local port batch='night <2026>' s
+  port=$(free_port)
+  # 240 tasks of 0.5 s (a minute on two slots), every sixth dies with a hostile message: a
+  # batch that runs long enough to be looked at and acted on while it runs.
+  "$PY" -c '
+import json, sys
+for i in range(240):
+    p = {"sleep": 0.5}
+    if i % 6 == 0:
+        p["die"] = "<script>document.title=\"pwned\"</script> quota & \"limits\""
+    print(json.dumps({"payload": p, "batch": sys.argv[1]}))' "$batch" >"$T_TMP/tasks.jsonl"
+  enqueue_file "$T_TMP/tasks.jsonl" 240
+  start_dashboard "$port" --token-file "$T_TMP/token"
+  local bq="batch = 'night <2026>'"
+  # The browser first, with its own profile (skipped when it cannot start here), so the
+  # batch's time is not spent waiting for it.
+  mkdir -p "$T_TMP/chromium"
+  chromium --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --no-first-run --hide-scrollbars --remote-debugging-port=0 --remote-allow-origins='*' \
+    --user-data-dir="$T_TMP/chromium" --window-size=1100,1300 about:blank \
+    >"$T_TMP/chromium.log" 2>&1 &
+  local cpid=$!
+  t_on_exit t_kill "$cpid"
+  local i
+  for ((i = 0; i < 1200; i++)); do
+    [[ -s $T_TMP/chromium/DevToolsActivePort ]] && break
+    exited "$cpid" && break
+    sleep 0.05
+  done
+  if [[ ! -s $T_TMP/chromium/DevToolsActivePort ]]; then
+    echo "skip ${T_AREA}.${T_CASE}: chromium did not start: $(tail -1 "$T_TMP/chromium.log")" >&2
+    exit 77
+  fi
+  start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100
+  wait_for "a done and a dead task" 60 \
+    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue"
+  local base="http://127.0.0.1:$port" b="$T_TMP/browser"
+  browser() { "$PY" "$BROWSER_PY" "$T_TMP/chromium" "$@"; }
+
+  # 1. Live: the numbers shown lie between SQL's before and after the load; the bar's
+  #    pixels match the counts shown; the chart is drawn.
+  local before after
+  before=$(q "select count(*) filter (where status = 'done') || ' ' || count(*) filter (where status = 'dead') from agent_work_queue where $bq")
+  browser screenshot "$base/" "$T_TMP/live.png" >"$b.live" || fail "browser: $(cat "$b.live")"
+  after=$(q "select count(*) filter (where status = 'done') || ' ' || count(*) filter (where status = 'dead') || ' ' || count(*) filter (where status in ('pending', 'leased')) from agent_work_queue where $bq")
+  read -r done0 dead0 <<<"$before"
+  read -r done1 dead1 open1 <<<"$after"
+  local done dead total
+  done=$(jget "$b.live" '["done"]') dead=$(jget "$b.live" '["dead"]') total=$(jget "$b.live" '["total"]')
+  assert_eq "batch shown" "$(jget "$b.live" '["batch"]')" "$batch"
+  assert_eq "total shown" "$total" 240
+  ((done0 <= done && done <= done1)) || fail "done shown $done, SQL $done0 before and $done1 after"
+  ((dead0 <= dead && dead <= dead1)) || fail "dead shown $dead, SQL $dead0 before and $dead1 after"
+  ((open1 > 0)) || fail "the batch finished before the page was looked at: not live"
+  assert_eq "no script on the page" "$(jget "$b.live" '["scripts"]')" 0
+  assert_eq "the page's title (a hostile reason did not run)" "$(jget "$b.live" '["title"]')" "overview · leash"
+  assert_contains "the dead reason as text" "$(jget "$b.live" '["reasons"][0]')" '<script>document.title="pwned"</script>'
+  # The bar's pixels, along its middle line: each colour's share within 4 of its ~600
+  # pixels (edges blend) of what the counts shown say, and present (done and dead are not 0).
+  local share
+  share=$(jget "$b.live" '["bar_share"]["done"]')
+  "$PY" -c "import sys; sys.exit(0 if abs($share - $done / $total) < 4 / 600 and $share > 0 else 1)" ||
+    fail "the bar's done pixels are $share of its width, the counts say $done/$total"
+  share=$(jget "$b.live" '["bar_share"]["dead"]')
+  "$PY" -c "import sys; sys.exit(0 if abs($share - $dead / $total) < 4 / 600 and $share > 0 else 1)" ||
+    fail "the bar's dead pixels are $share of its width, the counts say $dead/$total"
+  (($(jget "$b.live" '["chart_pixels"]["done"]') > 0)) || fail "no done bar in the chart"
+  (($(jget "$b.live" '["chart_pixels"]["dead"]') > 0)) || fail "no dead bar in the chart"
+  [[ -z ${LEASH_DASHBOARD_SCREENSHOT:-} ]] || cp "$T_TMP/live.png" "$LEASH_DASHBOARD_SCREENSHOT"
+
+  # 2. Pause the batch through the page: the hold is in SQL, the workers stop claiming it;
+  #    once its leases are settled the page's numbers equal SQL's exactly.
+  browser submit "$base/" pause "$TOKEN" "batch=$batch" >"$b.pause" || fail "browser: $(cat "$b.pause")"
+  assert_eq "pause result" "$(jget "$b.pause" '["message"]')" "paused batch $batch until resumed"
+  assert_eq "hold in SQL" "$(q "select kind || ':' || scope || ':' || source from agent_work_queue_holds")" "batch:$batch:pause"
+  wait_for "the paused batch's leases to settle" 60 \
+    q_true "select count(*) = 0 from agent_work_queue where $bq and status = 'leased'"
+  browser load "$base/?batch=night%20%3C2026%3E" >"$b.still" || fail "browser: $(cat "$b.still")"
+  for s in done dead leased pending; do
+    assert_eq "$s shown while paused" "$(jget "$b.still" "[\"$s\"]")" \
+      "$(q "select count(*) from agent_work_queue where $bq and status = '$s'")"
+  done
+  assert_eq "the hold is listed" "$(jget "$b.still" '["holds"][0]')" "$batch"
+
+  # 3. A dead task: follow its example link, requeue it through its page.
+  local id
+  id=$(jget "$b.still" '["example_ids"][0]')
+  browser click "$base/?batch=night%20%3C2026%3E" "#dead-reasons a.task" >"$b.task" || fail "browser: $(cat "$b.task")"
+  assert_eq "task page" "$(jget "$b.task" '["url"]')" "/task?id=$id"
+  assert_eq "task status shown" "$(jget "$b.task" '["task_status"]')" dead
+  assert_eq "last error shown as text" "$(jget "$b.task" '["last_error"]')" \
+    "$(q "select last_error from agent_work_queue where id = $id")"
+  assert_eq "no script on the task page" "$(jget "$b.task" '["scripts"]')" 0
+  browser submit "$base/task?id=$id" requeue "$TOKEN" "id=$id" >"$b.requeue" || fail "browser: $(cat "$b.requeue")"
+  assert_eq "requeue result" "$(jget "$b.requeue" '["message"]')" "requeued task $id"
+  assert_eq "requeued in SQL" "$(q "select status || ' ' || attempts from agent_work_queue where id = $id")" "pending 0"
+  # A wrong token through the page changes nothing.
+  browser submit "$base/" resume "wrong-token-wrong-token" "batch=$batch" >"$b.wrong" || fail "browser: $(cat "$b.wrong")"
+  assert_eq "wrong token result" "$(jget "$b.wrong" '["message"]')" "wrong token"
+  assert_eq "still held" "$(q "select count(*) from agent_work_queue_holds")" 1
+
+  # 4. Resume through the page: the workers take the batch again.
+  local done_paused
+  done_paused=$(q "select count(*) from agent_work_queue where $bq and status in ('done', 'dead')")
+  browser submit "$base/" resume "$TOKEN" "batch=$batch" >"$b.resume" || fail "browser: $(cat "$b.resume")"
+  assert_eq "resume result" "$(jget "$b.resume" '["message"]')" "resumed batch $batch"
+  assert_eq "no hold in SQL" "$(q "select count(*) from agent_work_queue_holds where until is null or until > now()")" 0
+  wait_for "the batch to run again" 60 \
+    q_true "select count(*) > $done_paused from agent_work_queue where $bq and status in ('done', 'dead')"
+  stop_dashboard
+}
+
+t_run "$@"
