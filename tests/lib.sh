@@ -106,6 +106,31 @@ t_on_exit rm -rf "$T_TMP"
 # t_tmp: prints this test's private temp dir (removed when the test exits).
 t_tmp() { printf '%s\n' "$T_TMP"; }
 
+# free_port: a loopback TCP port for a server a test starts (metrics, dashboard, a stub).
+# Nothing listening there is not enough: ctest runs areas at once, and two tests that both
+# probe before either binds get the same port. So each port handed out is claimed under one
+# lock by a file naming the test's shell ($$, the same in $(...)), taken again only once that
+# process is gone. 19000..21999 lies below Linux's ephemeral range (32768..), so no outgoing
+# connection holds one by chance.
+free_port() {
+  local dir=${TMPDIR:-/tmp}/leash-test-ports
+  mkdir -p "$dir" 2>/dev/null
+  (
+    flock -w 30 9 || exit 1
+    local i p f start=$((RANDOM % 3000))
+    for ((i = 0; i < 3000; i++)); do
+      p=$((19000 + (start + i) % 3000))
+      f=$dir/$p
+      [[ -s $f ]] && kill -0 "$(<"$f")" 2>/dev/null && continue
+      (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+      echo "$$" >"$f"
+      echo "$p"
+      exit 0
+    done
+    exit 1
+  ) 9>>"$dir/.lock" || fail "no free port in 19000..21999"
+}
+
 # ------------------------------------------------------------------ failing
 fail() {
   echo "FAIL ${T_AREA}${T_CASE:+.$T_CASE}: $*" >&2

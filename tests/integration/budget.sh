@@ -31,15 +31,6 @@ jobs() {
   done
 }
 
-# free_port: a loopback port nothing listens on.
-free_port() {
-  local p
-  for ((p = 20200 + RANDOM % 500; p < 21000; p++)); do
-    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  fail "no free port"
-}
-
 # metric PORT SERIES: a worker's /metrics value of SERIES (exact, labels included), or 0.
 metric() {
   curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n { v = $2 } END { print v + 0 }'

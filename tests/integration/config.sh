@@ -51,14 +51,6 @@ refused_by_var() {
   assert_eq "$cmd with $var: stdout" "$(<"$T_OUT")" ""
 }
 
-free_port() {
-  local p
-  for ((p = 20000 + RANDOM % 500; p < 21000; p++)); do
-    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  fail "no free port"
-}
-
 # refused_flag CMD ARGS...: exits 2 with the error line and the --help hint, nothing else,
 # before any connection is tried.
 refused_flag() {

@@ -10,14 +10,6 @@ PY=/usr/bin/python3
 BROWSER_PY=$LEASH_SRC/tests/integration/dashboard_browser.py
 TOKEN=dashboard-test-token-0123456789abcdef
 
-free_port() {
-  local p
-  for ((p = 20200 + RANDOM % 500; p < 21000; p++)); do
-    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  fail "no free port"
-}
-
 # http METHOD URL [BODY [HEADER]]: prints the status on the first line, then the body.
 http() {
   "$PY" - "$@" <<'PY'

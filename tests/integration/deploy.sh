@@ -563,14 +563,6 @@ http_ok() {
   [[ $line == "HTTP/1."?" 200"* ]]
 }
 
-free_port() {
-  local p
-  for ((p = 19700 + RANDOM % 300; p < 20000; p++)); do
-    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  fail "no free port"
-}
-
 case_cronjob_enqueue_runs_once_per_batch() {
   manifests_load parse-only
   command -v psql >/dev/null 2>&1 || skip "no psql (the enqueue step is a psql script)"

@@ -21,14 +21,6 @@ http_get() {
   exec 7<&-
 }
 
-free_port() {
-  local p
-  for ((p = 20200 + RANDOM % 500; p < 21000; p++)); do
-    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  fail "no free port"
-}
-
 # enqueue_names NAME...: one read.lua task per name, in order, one attempt each.
 enqueue_names() {
   local n

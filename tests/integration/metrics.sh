@@ -24,14 +24,6 @@ http_get() {
   exec 7<&-
 }
 
-free_port() {
-  local p
-  for ((p = 19200 + RANDOM % 500; p < 20000; p++)); do
-    (exec 6<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  fail "no free port"
-}
-
 # admin SQL: runs on the maintenance database (a database cannot lock itself out).
 admin() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d postgres -c "$1" >/dev/null; }
 
