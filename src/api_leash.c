@@ -13,6 +13,7 @@
 #include "pgvalue.h"
 #include "queue.h"
 #include "record.h"
+#include "lifecycle.h"
 #include "task_context.h"
 
 #include <lauxlib.h>
@@ -29,6 +30,8 @@ static int l_ok(lua_State *L);
 static int l_retry(lua_State *L);
 static int l_fatal(lua_State *L);
 static int l_snooze(lua_State *L);
+static int l_wait(lua_State *L);
+static int l_waited(lua_State *L);
 static int l_now(lua_State *L);
 static int l_sleep(lua_State *L);
 static int l_db_query(lua_State *L);
@@ -51,7 +54,8 @@ static const char outcome_key = 'O';
 int api_leash_open(lua_State *L)
 {
   static const luaL_Reg funcs[] = {
-    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "snooze", l_snooze },
+    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "snooze", l_snooze }, { "wait", l_wait },
+    { "waited", l_waited },
     { "now", l_now }, { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue },
     { "usage", api_usage }, { "env", api_env },
     { NULL, NULL },
@@ -91,7 +95,7 @@ int api_leash_open(lua_State *L)
 
 const char *api_outcome_kind(lua_State *L, int idx)
 {
-  static const char *const kinds[] = { "ok", "retry", "fatal", "snooze" };
+  static const char *const kinds[] = { "ok", "retry", "fatal", "snooze", "wait" };
   if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
     return NULL;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &outcome_key);
@@ -219,6 +223,159 @@ static int l_snooze(lua_State *L)
   lua_Number delay = check_delay(L, 1, 1, NULL);
   const char *msg = luaL_optstring(L, 2, "snoozed");
   return push_delayed(L, "snooze", msg, delay);
+}
+
+/* [-0, +0, e] t[key] as a finite number (bounds lo..hi, hi cut to when cut), else raises. */
+static double wait_number(lua_State *L, const char *key, double lo, double hi, int cut)
+{
+  lua_getfield(L, 1, key);
+  int isnum = 0;
+  double d = lua_type(L, -1) == LUA_TNUMBER ? (isnum = 1, lua_tonumber(L, -1)) : 0;
+  if (!isnum || !isfinite(d) || d < lo || (!cut && d > hi))
+    return luaL_error(L, "leash.wait{...}: %s must be a finite number of seconds %s %g%s, "
+                      "not %s", key, lo > 0 ? ">" : ">=", lo == 0.001 ? 0 : lo,
+                      cut ? "" : " and within a week",
+                      isnum ? lua_pushfstring(L, "%f", d) : luaL_typename(L, -1));
+  lua_pop(L, 1);
+  return d > hi ? hi : d;
+}
+
+/* leash.wait{children = true | ids = {...} | until = epoch_s | after = s, deadline = s,
+   on_deadline = "retry"|"dead", message = m}: ends the execution waiting, the attempt given
+   back (sql/018_waits.sql). Exactly one condition; unknown fields and wrong types raise here,
+   at the script's line: a typo must not wait for a day. The spec goes to the settle as JSON
+   in the outcome's field spec. */
+static int l_wait(lua_State *L)
+{
+  static const char *const keys[] = { "children", "ids", "until", "after", "deadline",
+                                      "on_deadline", "message", NULL };
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  lua_pushnil(L);
+  while (lua_next(L, 1) != 0) {
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+    int known = 0;
+    for (int i = 0; k && keys[i]; i++)
+      known |= strcmp(k, keys[i]) == 0;
+    if (!known)
+      return luaL_error(L, "leash.wait{...}: unknown field %s (expected children, ids, until, "
+                        "after, deadline, on_deadline, message)", k ? k : luaL_typename(L, -2));
+    lua_pop(L, 1);
+  }
+  int n = 0;
+  for (int i = 0; i < 4; i++)
+    n += lua_getfield(L, 1, keys[i]) != LUA_TNIL;
+  lua_settop(L, 1);
+  if (n != 1)
+    return luaL_error(L, "leash.wait{...}: give exactly one of children = true, ids = {...}, "
+                      "until = epoch seconds, after = seconds");
+  /* Everything checked first; the spec is written after, with nothing left to raise. */
+  char head[96];
+  lua_Integer len = 0;
+  lua_getfield(L, 1, "ids");                               /* 2: the list, or nil */
+  if (lua_getfield(L, 1, "children") != LUA_TNIL) {
+    if (lua_type(L, -1) != LUA_TBOOLEAN || !lua_toboolean(L, -1))
+      return luaL_error(L, "leash.wait{...}: children must be true, not %s",
+                        lua_type(L, -1) == LUA_TBOOLEAN ? "false" : luaL_typename(L, -1));
+    snprintf(head, sizeof head, "{\"reason\":\"children\"");
+  } else if (!lua_isnil(L, 2)) {
+    if (lua_type(L, 2) != LUA_TTABLE)
+      return luaL_error(L, "leash.wait{...}: ids must be a list of task ids, not a %s",
+                        luaL_typename(L, 2));
+    len = luaL_len(L, 2);
+    if (len < 1 || len > LIFECYCLE_WAIT_MAX_IDS)
+      return luaL_error(L, "leash.wait{...}: ids must list 1 to %d task ids",
+                        LIFECYCLE_WAIT_MAX_IDS);
+    for (lua_Integer i = 1; i <= len; i++) {
+      lua_geti(L, 2, i);
+      int isint = 0;
+      lua_Integer id = lua_tointegerx(L, -1, &isint);
+      if (lua_type(L, -1) != LUA_TNUMBER || !isint || id < 1)
+        return luaL_error(L, "leash.wait{...}: ids[%d] must be a task id (an integer >= 1)",
+                          (int)i);
+      lua_pop(L, 1);
+    }
+    snprintf(head, sizeof head, "{\"reason\":\"ids\",\"ids\":[");
+  } else if (lua_pop(L, 1), lua_getfield(L, 1, "until") != LUA_TNIL) {
+    lua_pop(L, 1);
+    snprintf(head, sizeof head, "{\"reason\":\"until\",\"until\":%.3f",
+             wait_number(L, "until", 0, 1e12, 0));
+  } else {
+    lua_pop(L, 1);
+    snprintf(head, sizeof head, "{\"reason\":\"until\",\"after\":%.3f",
+             wait_number(L, "after", 0, LIFECYCLE_MAX_WAIT_S, 1));
+  }
+  lua_settop(L, 2);
+  double deadline = LIFECYCLE_WAIT_DEADLINE_S;
+  if (lua_getfield(L, 1, "deadline") != LUA_TNIL) {
+    lua_pop(L, 1);
+    deadline = wait_number(L, "deadline", 0.001, LIFECYCLE_MAX_WAIT_S, 1);
+  } else {
+    lua_pop(L, 1);
+  }
+  const char *on = "retry";
+  if (lua_getfield(L, 1, "on_deadline") != LUA_TNIL) {
+    const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (!v || (strcmp(v, "retry") != 0 && strcmp(v, "dead") != 0))
+      return luaL_error(L, "leash.wait{...}: on_deadline must be \"retry\" or \"dead\"");
+    on = strcmp(v, "dead") == 0 ? "dead" : "retry";
+  }
+  lua_pop(L, 1);
+  const char *msg = "waiting";
+  if (lua_getfield(L, 1, "message") != LUA_TNIL) {         /* 3 */
+    if (lua_type(L, -1) != LUA_TSTRING)
+      return luaL_error(L, "leash.wait{...}: message must be a string, not a %s",
+                        luaL_typename(L, -1));
+    msg = lua_tostring(L, -1);
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, head);
+  for (lua_Integer i = 1; i <= len; i++) {
+    char num[32];
+    lua_geti(L, 2, i);
+    snprintf(num, sizeof num, "%s%lld", i > 1 ? "," : "", (long long)lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    luaL_addstring(&b, num);
+  }
+  char tail[128];
+  snprintf(tail, sizeof tail, "%s,\"deadline\":%.3f,\"on_deadline\":\"%s\"}", len ? "]" : "",
+           deadline, on);
+  luaL_addstring(&b, tail);
+  luaL_pushresult(&b);
+  int spec = lua_gettop(L);
+  push_outcome(L, "wait");
+  lua_pushstring(L, msg);
+  lua_setfield(L, -2, "message");
+  lua_pushvalue(L, spec);
+  lua_setfield(L, -2, "spec");
+  return 1;
+}
+
+/* leash.waited(): nil unless this task's last execution ended in leash.wait; then
+   {reason = "children"|"ids"|"until", expired = bool (its deadline passed: a retry),
+   tasks = {{id, status, result}, ...}} (the tasks it waited for, by id; empty for a wait on
+   the clock). One query; the wait's record stays until this execution settles. */
+static int l_waited(lua_State *L)
+{
+  taskctx_check_live(L, "leash.waited");
+  const struct script_host *h = taskctx_of(L)->host;
+  struct task *t = taskctx_of(L)->task;
+  char id[24], token[24], err[512];
+  if (!h->sql)
+    return luaL_error(L, "leash.waited: no database in this context");
+  task_fence(t, id, token);
+  const char *get[] = { id };
+  PGresult *r = pool_exec(L, "leash.waited", h->sql->wait_get, 1, get);   /* stack: +box */
+  if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
+    result_free(L, -1);
+    lua_pushnil(L);
+    return 1;
+  }
+  if (jsonlua_decode(L, PQgetvalue(r, 0, 0), (size_t)PQgetlength(r, 0, 0), err, sizeof err) != 0)
+    return luaL_error(L, "leash.waited: unreadable: %s", err);
+  result_free(L, -2);
+  return 1;
 }
 
 /* leash.fatal(msg): the task goes dead at once. */

@@ -688,7 +688,8 @@ static void finish_task(struct dispatcher *d, struct task *t, int applied)
     /* A snooze is counted with the retries (pending again); the log line tells them apart
        (one past max_snoozes is a retry the settle wrote: its cause says snooze_limit). */
     atomic_fetch_add(&d->h->stats.retried, 1);
-    log_task(LOG_INFO, d->h, t, "%s: %s", t->out.kind == OUTCOME_SNOOZE ? "snooze" : "retry",
+    log_task(LOG_INFO, d->h, t, "%s: %s", t->out.kind == OUTCOME_SNOOZE ? "snooze"
+             : t->out.kind == OUTCOME_WAIT ? "wait" : "retry",
              t->out.error ? t->out.error : "");
   } else if (applied >= SETTLED_DEAD) {
     /* The database decides: a retry with no attempt left was written dead, a crash cause

@@ -8,6 +8,7 @@ static const char *const kind_sql[OUTCOME_KINDS] = {
   [OUTCOME_RETRY] = "retry",
   [OUTCOME_FATAL] = STATUS_DEAD,
   [OUTCOME_SNOOZE] = "snooze",
+  [OUTCOME_WAIT] = "wait",
 };
 
 static const struct {
@@ -30,6 +31,8 @@ static const struct {
   [CAUSE_CANCELLED] = { "cancelled", 0 },
   [CAUSE_SNOOZED] = { "snoozed", 0 },
   [CAUSE_SNOOZE_LIMIT] = { "snooze_limit", 0 },
+  [CAUSE_WAITING] = { "waiting", 0 },
+  [CAUSE_WAIT_DEADLINE] = { "wait_deadline", 0 },
 };
 
 const char *lifecycle_kind_sql(enum outcome_kind k)

@@ -14,6 +14,9 @@ enum outcome_kind {
   OUTCOME_FATAL,     /* dead now */
   OUTCOME_SNOOZE,    /* pending again after delay, the attempt given back; a retry once the
                         row's snoozes reach max_snoozes (leash.snooze) */
+  OUTCOME_WAIT,      /* pending again, the attempt given back, not claimable until what it
+                        waits for holds (leash.wait; sql/018_waits.sql); result holds the
+                        wait's spec as JSON */
   OUTCOME_KINDS
 };
 
@@ -37,6 +40,8 @@ enum outcome_cause {
   CAUSE_CANCELLED,     /* `leash cancel` (<table>_cancel, sql/015) ended it: never an outcome of a run */
   CAUSE_SNOOZED,       /* handle returned leash.snooze (or leash.retry{spend = false}) */
   CAUSE_SNOOZE_LIMIT,  /* a snooze found max_snoozes reached: a retry (written by the settle) */
+  CAUSE_WAITING,       /* handle returned leash.wait: pending, not claimable until woken */
+  CAUSE_WAIT_DEADLINE, /* a wait passed its deadline: a retry or dead (written by the reaper) */
   CAUSE_COUNT
 };
 

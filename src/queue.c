@@ -616,26 +616,35 @@ int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker
   return 0;
 }
 
-char *queue_insert_sql(const char *table, const char *source)
+/* queue_insert_sql with one more column, col, taken from the source's column of that name
+   (a child's parent_id: sql/018_waits.sql). */
+static char *insert_sql(const char *table, const char *source, const char *col)
 {
   /* The defaults of a task, applied to what the source leaves NULL: lifecycle.h's (the
      table's column defaults say the same for inserts that bypass leash). */
   static const char fmt[] =
     "INSERT INTO %s (id, tenant_id, shard_key, payload, run_after, max_attempts, batch, "
-    "                max_crashes, priority, budget, backoff_base, backoff_cap, max_snoozes) "
+    "                max_crashes, priority, budget, backoff_base, backoff_cap, max_snoozes%s%s) "
     "SELECT s.id, coalesce(s.tenant_id, '" LIFECYCLE_DEFAULT_TENANT "'), "
     "       coalesce(s.shard_key, 'task:' || s.id), s.payload, coalesce(s.run_after, now()), "
     "       coalesce(s.max_attempts, %d), s.batch, coalesce(s.max_crashes, %d), "
     "       coalesce(s.priority, 0), s.budget, s.backoff_base, s.backoff_cap, "
-    "       coalesce(s.max_snoozes, %d) "
+    "       coalesce(s.max_snoozes, %d)%s%s "
     "  FROM (%s) s "
     "RETURNING id";
-  size_t n = sizeof fmt + strlen(table) + strlen(source) + 48;
+  const char *sep = col ? ", " : "", *scol = col ? col : "";
+  size_t n = sizeof fmt + strlen(table) + strlen(source) + 2 * strlen(scol) + 64;
   char *sql = malloc(n);
   if (sql)
-    snprintf(sql, n, fmt, table, LIFECYCLE_DEFAULT_MAX_ATTEMPTS, LIFECYCLE_DEFAULT_MAX_CRASHES,
-             LIFECYCLE_DEFAULT_MAX_SNOOZES, source);
+    snprintf(sql, n, fmt, table, sep, scol, LIFECYCLE_DEFAULT_MAX_ATTEMPTS,
+             LIFECYCLE_DEFAULT_MAX_CRASHES, LIFECYCLE_DEFAULT_MAX_SNOOZES, col ? ", s." : "",
+             scol, source);
   return sql;
+}
+
+char *queue_insert_sql(const char *table, const char *source)
+{
+  return insert_sql(table, source, NULL);
 }
 
 char *queue_dedup_lock_sql(const char *lockfn, const char *keys)
@@ -799,15 +808,24 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
     "       $3::jsonb AS payload, now() + make_interval(secs => $4::float8) AS run_after, "
     "       $5::int AS max_attempts, CASE WHEN $6::boolean THEN $7 ELSE p.batch END AS batch, "
     "       NULL::int AS max_crashes, NULL::int AS priority, NULL::text AS budget, "
-    "       NULL::float8 AS backoff_base, NULL::float8 AS backoff_cap, NULL::int AS max_snoozes "
+    "       NULL::float8 AS backoff_base, NULL::float8 AS backoff_cap, NULL::int AS max_snoozes, "
+    "       p.id AS parent_id "
     "  FROM %s p "
     " WHERE p.id = $9 AND p.lease_owner = $10 AND p.lease_token = $11::bigint "
     "   AND p.status = " SQL_LEASED " AND p.locked_until > now() "
     "   FOR SHARE OF p";
   char *child = format_sql(child_fmt, t->qualified);
-  s->enqueue = child ? queue_insert_sql(t->qualified, child) : NULL;
+  s->enqueue = child ? insert_sql(t->qualified, child, "parent_id") : NULL;
   free(child);
   free(steps);
+  /* The tasks a wait named with their outcome so far (a cancelled or pruned one: absent). */
+  s->wait_get = format_sql_ab(
+    "SELECT json_build_object('reason', q.wait_reason, "
+    "         'expired', coalesce(q.last_cause = 'wait_deadline', false), "
+    "         'tasks', coalesce((SELECT json_agg(json_build_object('id', c.id, "
+    "                              'status', c.status, 'result', c.result) ORDER BY c.id) "
+    "                             FROM %s c WHERE c.id = ANY (q.wait_ids)), '[]'::json))::text "
+    "  FROM %s q WHERE q.id = $1 AND q.wait_reason IS NOT NULL", t->qualified, t->qualified);
   char *grant = db_table_object(t, c, "budget_grant", 1);
   char *settle = db_table_object(t, c, "budget_settle", 1);
   if (grant)
@@ -819,7 +837,8 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
                                   "$7::bigint, $8::bigint)", settle);
   free(grant);
   free(settle);
-  if (!s->step_get || !s->step_put || !s->enqueue || !s->budget_grant || !s->budget_settle) {
+  if (!s->step_get || !s->step_put || !s->enqueue || !s->wait_get || !s->budget_grant ||
+      !s->budget_settle) {
     queue_script_sql_free(s);
     return -1;
   }
@@ -829,6 +848,7 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
 void queue_script_sql_free(struct queue_script_sql *s)
 {
   free(s->step_get);
+  free(s->wait_get);
   free(s->step_put);
   free(s->enqueue);
   free(s->budget_grant);

@@ -348,6 +348,19 @@ static void read_outcome(lua_State *L, struct outcome *o, int v, int nret)
       lua_pop(L, 1);
       return;
     }
+    /* A wait carries its spec (leash.wait wrote it, checked) to the settle as JSON. */
+    if (strcmp(kind, "wait") == 0) {
+      lua_getfield(L, v, "message");
+      outcome_set(o, OUTCOME_WAIT, CAUSE_WAITING, NULL,
+                  lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "waiting");
+      lua_pop(L, 1);
+      if (lua_getfield(L, v, "spec") != LUA_TSTRING || lua_rawlen(L, -1) < 2 ||
+          lua_tostring(L, -1)[0] != '{' || !(o->result = strdup(lua_tostring(L, -1))))
+        outcome_set(o, OUTCOME_RETRY, CAUSE_CONTRACT, NULL,
+                    "leash.wait's answer lost its spec: return leash.wait{...} unchanged");
+      lua_pop(L, 1);
+      return;
+    }
     /* The fields are the script's to change after leash.retry made them: read each with
        its type checked, nothing converted. A snooze is a retry that gives its attempt back
        (the settle decides whether the row has a snooze left, sql/012). */

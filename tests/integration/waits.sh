@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Durable waits (issue #19, item 1; sql/018_waits.sql, README "Waits"): `return leash.wait{...}`
+# gives the attempt and the slot back, the task is not claimable until what it waits for holds,
+# and its next execution sees it (leash.waited) with its steps kept. Every case runs the real
+# host against tests/fixtures/waits/wait.lua.
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/../lib.sh"
+# shellcheck source=tests/integration/run_common.sh
+source "$(dirname "$0")/run_common.sh"
+WFIX=$LEASH_SRC/tests/fixtures/waits/wait.lua
+QT=agent_work_queue
+
+waits_setup() {
+  t_newdb
+  expect_exit 0 "$LEASH" migrate
+}
+
+enqueue_one() {
+  local payload=$1
+  shift
+  "$LEASH" enqueue "$@" "$payload" || fail "enqueue of $payload failed"
+}
+
+row() { q "select $2 from $QT where id = $1"; }
+
+stop_workers() {
+  local w
+  for w in "$@"; do kill -TERM "${W_PID[$w]}" 2>/dev/null || true; done
+  for w in "$@"; do assert_worker_exit "$w" 60 0; done
+}
+
+# "waiting": pending, not claimable, no lease held, the attempt given back.
+is_waiting() {
+  q_true "select status = 'pending' and last_cause = 'waiting' and locked_until is null
+                 and run_after > now() from $QT where id = $1"
+}
+
+# One slot: the parent waits for 50 children, and they run in the slot it gave back. While it
+# waits it holds no lease and its attempt is given back; resumed, it sees each child's result,
+# its fanout step is given back (not run again), and it has spent one attempt.
+case_a_parent_waiting_for_50_children_spends_no_attempt_and_no_slot() {
+  waits_setup
+  local p
+  p=$(enqueue_one '{"role":"parent","n":50,"child_sleep":0.05}')
+  start_worker A "$WFIX" --concurrency 1 --poll-ms 10-50
+  wait_for "the parent (task $p) to wait" 30 is_waiting "$p"
+  assert_eq "while it waits (status|attempts|lease|run_after|reason|children recorded)" \
+    "$(row "$p" "concat_ws('|', status, attempts, locked_until is null, run_after = 'infinity',
+                            wait_reason, cardinality(wait_ids))")" "pending|0|t|t|children|50"
+  wait_for "the parent to be done" 120 q_true "select status = 'done' from $QT where id = $p"
+  assert_eq "children done" "$(q "select count(*) from $QT where parent_id = $p and status = 'done'")" 50
+  assert_eq "parent (attempts|snoozes|result)" \
+    "$(row "$p" "concat_ws('|', attempts, snoozes, result->>'reason', result->>'tasks',
+                            result->>'done', result->>'sum', result->>'fanout', result->>'expired')")" \
+    "1|0|children|50|50|2550|50|false"
+  assert_eq "the parent's history (attempt:kind:cause)" \
+    "$(q "select string_agg(attempt || ':' || kind || ':' || cause, ',' order by finished_at)
+            from ${QT}_attempts where task_id = $p")" "1:wait:waiting,1:done:none"
+  stop_workers A
+}
+
+# A wait for given ids wakes when the last of them settles (done or dead), not before.
+case_a_wait_for_ids_wakes_when_the_last_of_them_settles() {
+  waits_setup
+  local a b w
+  a=$(enqueue_one '{"role":"child","n":1}' --delay 3600)
+  b=$(enqueue_one '{"role":"child","n":2,"fail":true}' --delay 3600 --max-attempts 1)
+  w=$(enqueue_one "{\"role\":\"ids\",\"ids\":[$a,$b]}")
+  start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
+  wait_for "the waiter (task $w) to wait" 30 is_waiting "$w"
+  q "update $QT set run_after = now() where id = $a" >/dev/null
+  wait_for "task $a to be done" 30 q_true "select status = 'done' from $QT where id = $a"
+  assert_eq "one of two settled: still waiting" "$(row "$w" "status || '|' || last_cause")" "pending|waiting"
+  q "update $QT set run_after = now() where id = $b" >/dev/null
+  wait_for "the waiter to be done" 30 q_true "select status = 'done' from $QT where id = $w"
+  assert_eq "waiter (attempts|reason|tasks|done|dead)" \
+    "$(row "$w" "concat_ws('|', attempts, result->>'reason', result->>'tasks', result->>'done',
+                            result->>'dead')")" "1|ids|2|1|1"
+  stop_workers A
+}
+
+# A wait on the clock (after = 2 s) makes the row due then, and spends nothing.
+case_a_wait_on_the_clock_runs_again_when_its_time_comes() {
+  waits_setup
+  local c
+  c=$(enqueue_one '{"role":"clock","after":2}')
+  start_worker A "$WFIX" --concurrency 1 --poll-ms 10-50
+  wait_for "the task (task $c) to wait" 30 q_true \
+    "select last_cause = 'waiting' and status = 'pending' from $QT where id = $c"
+  assert_eq "due 2 s after the wait (run_after - finished_at)" \
+    "$(row "$c" "to_char(extract(epoch from run_after - finished_at), 'FM990.0')")" "2.0"
+  wait_for "the task to be done" 60 q_true "select status = 'done' from $QT where id = $c"
+  assert_eq "(attempts|reason|tasks)" \
+    "$(row "$c" "concat_ws('|', attempts, result->>'reason', result->>'tasks')")" "1|until|0"
+  stop_workers A
+}
+
+# Past its deadline a wait retries: the attempt it gave back is spent, cause wait_deadline,
+# and the next execution sees the wait expired (its children never ran: delayed an hour).
+case_a_wait_past_its_deadline_retries_with_an_attempt_spent() {
+  waits_setup
+  local p
+  p=$(enqueue_one '{"role":"parent","n":2,"child_delay":3600,"deadline":1}')
+  start_worker A "$WFIX" --concurrency 1 --poll-ms 10-50 --visibility 4
+  wait_for "the parent to be done after its deadline" 60 q_true \
+    "select status = 'done' from $QT where id = $p"
+  assert_eq "parent (attempts|expired|tasks|done)" \
+    "$(row "$p" "concat_ws('|', attempts, result->>'expired', result->>'tasks', result->>'done')")" \
+    "2|true|2|0"
+  assert_eq "children still pending" "$(q "select count(*) from $QT where parent_id = $p and status = 'pending'")" 2
+  stop_workers A
+}
+
+# on_deadline = "dead": past the deadline the task is dead, cause wait_deadline, one clear line.
+case_a_wait_past_its_deadline_with_on_deadline_dead_is_dead() {
+  waits_setup
+  local p
+  p=$(enqueue_one '{"role":"parent","n":1,"child_delay":3600,"deadline":1,"on_deadline":"dead"}')
+  start_worker A "$WFIX" --concurrency 1 --poll-ms 10-50 --visibility 4
+  wait_for "the parent to be dead" 60 q_true "select status = 'dead' from $QT where id = $p"
+  assert_eq "(cause|attempts)" "$(row "$p" "last_cause || '|' || attempts")" "wait_deadline|1"
+  assert_contains "the error" "$(row "$p" last_error)" "wait_deadline: waited for children past its deadline"
+  assert_contains "the error" "$(row "$p" last_error)" "on_deadline = dead"
+  stop_workers A
+}
+
+# Bad input to leash.wait, by class (wrong types, out-of-range numbers, unknown or missing
+# keys, two conditions): a script error for that task, with one message naming the field.
+case_bad_input_to_leash_wait_is_a_script_error_naming_the_field() {
+  waits_setup
+  local -a specs=(
+    '"children"'                                   'bad argument #1 to'
+    '{"children":"yes"}'                           'children must be true'
+    '{"children":false}'                           'children must be true, not false'
+    '{"ids":"1,2"}'                                'ids must be a list of task ids, not a string'
+    '{"ids":[]}'                                   'ids must list 1 to 10000 task ids'
+    '{"ids":[1.5]}'                                'ids[1] must be a task id'
+    '{"ids":[1,-2]}'                               'ids[2] must be a task id'
+    '{"ids":[1,"2"]}'                              'ids[2] must be a task id'
+    '{"after":-5}'                                 'after must be a finite number of seconds >= 0'
+    '{"after":"soon"}'                             'after must be a finite number of seconds >= 0, not string'
+    '{"until":-1}'                                 'until must be a finite number of seconds >= 0'
+    '{"children":true,"deadline":-1}'              'deadline must be a finite number of seconds > 0'
+    '{"children":true,"deadline":0}'               'deadline must be a finite number of seconds > 0'
+    '{"children":true,"deadline":"1h"}'            'deadline must be a finite number'
+    '{"children":true,"on_deadline":"never"}'      'on_deadline must be "retry" or "dead"'
+    '{"children":true,"on_deadline":1}'            'on_deadline must be "retry" or "dead"'
+    '{"childs":true}'                              'unknown field childs'
+    '{"children":true,"deadlin":5}'                'unknown field deadlin'
+    '{}'                                           'give exactly one of'
+    '{"children":true,"after":1}'                  'give exactly one of'
+    '{"children":true,"message":5}'                'message must be a string'
+  )
+  local i ids=()
+  for ((i = 0; i < ${#specs[@]}; i += 2)); do
+    ids+=("$(enqueue_one "{\"role\":\"bad\",\"spec\":${specs[i]}}" --max-attempts 1)")
+  done
+  start_worker A "$WFIX" --concurrency 4 --poll-ms 10-50
+  wait_for "every bad wait to be dead" 60 q_true \
+    "select count(*) = ${#ids[@]} from $QT where status = 'dead'"
+  for ((i = 0; i < ${#specs[@]}; i += 2)); do
+    local id=${ids[i / 2]}
+    assert_eq "spec ${specs[i]}: cause" "$(row "$id" last_cause)" script_error
+    assert_contains "spec ${specs[i]}: error" "$(row "$id" "split_part(last_error, E'\n', 1)")" "${specs[i + 1]}"
+  done
+  stop_workers A
+}
+
+t_run "$@"
