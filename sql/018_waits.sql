@@ -276,8 +276,6 @@ BEGIN
                                       'it again', q.crashes + 1, q.max_crashes,
                                       coalesce(u.err, u.cause))
                           WHEN u.kind = 'done' THEN q.last_error
-                          WHEN u.kind = 'wait' AND NOT u.crashed
-                          THEN 'waiting: ' || coalesce(u.err, u.result->>'reason')
                           WHEN u.kind = 'snooze' AND q.snoozes >= q.max_snoozes
                           THEN format('snooze_limit: snoozed %s times (max_snoozes %s), so '
                                       'this snooze spent an attempt: %s', q.snoozes,

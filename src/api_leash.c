@@ -225,17 +225,22 @@ static int l_snooze(lua_State *L)
   return push_delayed(L, "snooze", msg, delay);
 }
 
-/* [-0, +0, e] t[key] as a finite number (bounds lo..hi, hi cut to when cut), else raises. */
-static double wait_number(lua_State *L, const char *key, double lo, double hi, int cut)
+/* [-0, +0, e] t[key] as a finite number of seconds: >= 0 (> 0 when positive), cut to hi;
+   else raises naming the field. */
+static double wait_number(lua_State *L, const char *key, int positive, double hi)
 {
   lua_getfield(L, 1, key);
-  int isnum = 0;
-  double d = lua_type(L, -1) == LUA_TNUMBER ? (isnum = 1, lua_tonumber(L, -1)) : 0;
-  if (!isnum || !isfinite(d) || d < lo || (!cut && d > hi))
-    return luaL_error(L, "leash.wait{...}: %s must be a finite number of seconds %s %g%s, "
-                      "not %s", key, lo > 0 ? ">" : ">=", lo == 0.001 ? 0 : lo,
-                      cut ? "" : " and within a week",
-                      isnum ? lua_pushfstring(L, "%f", d) : luaL_typename(L, -1));
+  int isnum = lua_type(L, -1) == LUA_TNUMBER;
+  double d = isnum ? lua_tonumber(L, -1) : 0;
+  if (!isnum || !isfinite(d) || d < 0 || (positive && d <= 0)) {
+    char got[64];
+    if (isnum)
+      snprintf(got, sizeof got, "%g", d);
+    else
+      snprintf(got, sizeof got, "%s", luaL_typename(L, -1));
+    return luaL_error(L, "leash.wait{...}: %s must be a finite number of seconds %s 0, not %s",
+                      key, positive ? ">" : ">=", got);
+  }
   lua_pop(L, 1);
   return d > hi ? hi : d;
 }
@@ -299,17 +304,17 @@ static int l_wait(lua_State *L)
   } else if (lua_pop(L, 1), lua_getfield(L, 1, "until") != LUA_TNIL) {
     lua_pop(L, 1);
     snprintf(head, sizeof head, "{\"reason\":\"until\",\"until\":%.3f",
-             wait_number(L, "until", 0, 1e12, 0));
+             wait_number(L, "until", 0, 1e12));
   } else {
     lua_pop(L, 1);
     snprintf(head, sizeof head, "{\"reason\":\"until\",\"after\":%.3f",
-             wait_number(L, "after", 0, LIFECYCLE_MAX_WAIT_S, 1));
+             wait_number(L, "after", 0, LIFECYCLE_MAX_WAIT_S));
   }
   lua_settop(L, 2);
   double deadline = LIFECYCLE_WAIT_DEADLINE_S;
   if (lua_getfield(L, 1, "deadline") != LUA_TNIL) {
     lua_pop(L, 1);
-    deadline = wait_number(L, "deadline", 0.001, LIFECYCLE_MAX_WAIT_S, 1);
+    deadline = wait_number(L, "deadline", 1, LIFECYCLE_MAX_WAIT_S);
   } else {
     lua_pop(L, 1);
   }

@@ -60,6 +60,20 @@ static void backoff_agrees_with_the_grid_the_sql_wrote(void)
     printf("%d lines agree\n", lines);
 }
 
+/* The words the settle (sql/018_waits.sql) reads and the reaper writes for a wait, and
+   leash.wait's bounds as the kit states them (scripts/lib/leash/testing.lua). */
+static void wait_has_its_kind_and_causes(void)
+{
+  CHECK_STR_EQ(lifecycle_kind_sql(OUTCOME_WAIT), "wait");
+  CHECK_STR_EQ(lifecycle_cause_name(CAUSE_WAITING), "waiting");
+  CHECK_STR_EQ(lifecycle_cause_name(CAUSE_WAIT_DEADLINE), "wait_deadline");
+  CHECK_INT_EQ(lifecycle_cause_is_crash(CAUSE_WAITING), 0);
+  CHECK_INT_EQ(lifecycle_cause_is_crash(CAUSE_WAIT_DEADLINE), 0);
+  CHECK(LIFECYCLE_WAIT_DEADLINE_S > 0 && LIFECYCLE_WAIT_DEADLINE_S <= LIFECYCLE_MAX_WAIT_S);
+  /* 018's SQL cuts deadlines and clock waits at 604800 s as well. */
+  CHECK(LIFECYCLE_MAX_WAIT_S == 604800.0);
+}
+
 /* The words the settle reads and writes for a snooze. */
 static void snooze_has_its_kind_and_causes(void)
 {
@@ -78,6 +92,7 @@ static const struct check_case cases[] = {
   { "backoff_is_base_to_the_attempts_capped_then_jittered",
     backoff_is_base_to_the_attempts_capped_then_jittered },
   { "snooze_has_its_kind_and_causes", snooze_has_its_kind_and_causes },
+  { "wait_has_its_kind_and_causes", wait_has_its_kind_and_causes },
   { "backoff_agrees_with_the_grid_the_sql_wrote", backoff_agrees_with_the_grid_the_sql_wrote },
   { NULL, NULL }
 };

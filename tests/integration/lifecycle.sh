@@ -86,10 +86,11 @@ host_run() {
   start_worker "$name" "$FIX/$script.lua" --tenant "$name" --poll-ms 20-50 --until-empty --backoff-jitter 0 \
     --drain-timeout 5
   for ((r = 1; r <= runs; r++)); do
-    # a run is settled once the row holds its attempt, or gave it back with a snooze
+    # a run is settled once the row holds its attempt, or gave it back with a snooze or a wait
     wait_for "attempt $((preset + r)) of $name to be settled" 30 q_true \
       "$(qv "$name" "select format('select exists (select 1 from agent_work_queue where shard_key = %L
-                        and (attempts = %s or snoozes = %s) and status <> ''leased''
+                        and (attempts = %s or snoozes = %s or last_cause = ''waiting'')
+                        and status <> ''leased''
                         and finished_at is not null)', :'v', $((preset + r)), $r)")"
     if ((r < runs)); then
       qv "$name" "update agent_work_queue set run_after = now() where shard_key = :'v'" >/dev/null
@@ -243,6 +244,18 @@ case_snoozes_match_in_both() {
   expect_record snooze_no_delay status=pending attempts=5 cause=contract wait=32.000
   # a snooze on the last attempt is still a snooze: nothing is spent
   expect_record snooze_last status=pending attempts=7 cause=snoozed wait=30.000
+}
+
+# A wait (sql/018_waits.sql) in both: pending with the attempt given back, cause waiting, and
+# never counted as a snooze; a bad leash.wait is a script error that spends the attempt.
+case_waits_match_in_both() {
+  compare wait_after wait_after 4 default 1 \
+          wait_bad wait_bad 4 default 1 \
+          wait_last wait_last 7 default 1
+  expect_record wait_after status=pending attempts=4 cause=waiting wait=30.000 "error=batch submitted"
+  expect_record wait_bad status=pending attempts=5 cause=script_error wait=32.000 traceback=true
+  expect_record wait_last status=pending attempts=7 cause=waiting wait=45.000 error=waiting
+  assert_eq "a wait is no snooze (snoozes)" "$(q "select snoozes from agent_work_queue where shard_key = 'wait_after'")" 0
 }
 
 # The backoff with base, cap and jitter: the kit's testing.backoff and lifecycle.c's

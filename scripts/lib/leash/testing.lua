@@ -27,7 +27,10 @@
 ---     finite number >= 0 (else a contract error) and is cut to 3600 s; leash.snooze(s
 ---     [, reason]) and leash.retry{after = s, spend = false} → snooze (status "snooze": the
 ---     attempt given back, bounded by max_snoozes, then a retry with cause snooze_limit);
----     a retry on the last attempt (attempt >= max_attempts) → dead;
+---     a retry on the last attempt (attempt >= max_attempts) → dead; leash.wait{...} →
+---     wait (status "wait", cause "waiting", the attempt given back, out.wait the wait as
+---     the host stores it: reason, ids, until/after, deadline, on_deadline); leash.waited()
+---     answers h.waited (set it to play a resumed execution);
 ---   * the backoff: least(cap, base^attempt) (opts.backoff = { base, cap, jitter } as the
 ---     worker's --backoff-* flags, a task's backoff_base/backoff_cap beat them), jittered
 ---     to [backoff_min, backoff]: h:settle waits the longest unless opts.random is given;
@@ -388,6 +391,80 @@ local function new_fake(h)
     end
     return setmetatable({ kind = "snooze", message = reason ~= nil and tostring(reason) or "snoozed",
                           delay = delay }, OUTCOME)
+  end
+  -- leash.wait{...}: the host's checks and messages (src/api_leash.c, l_wait); the outcome
+  -- carries the wait as a table (out.wait) where the host carries JSON.
+  local WAIT_KEYS = { children = true, ids = true, ["until"] = true, after = true,
+                      deadline = true, on_deadline = true, message = true }
+  local function wait_seconds(v, key, positive, hi)
+    if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge or v < 0
+       or (positive and v <= 0) then
+      local got = type(v) == "number" and string.format("%g", v) or type(v)
+      error("leash.wait{...}: " .. key .. " must be a finite number of seconds "
+            .. (positive and ">" or ">=") .. " 0, not " .. got, 3)
+    end
+    return math.min(v, hi)
+  end
+  function leash.wait(spec)
+    if type(spec) ~= "table" then
+      error("bad argument #1 to 'wait' (table expected, got " .. type(spec) .. ")", 2)
+    end
+    for k in pairs(spec) do
+      if type(k) ~= "string" or not WAIT_KEYS[k] then
+        error("leash.wait{...}: unknown field " .. tostring(k) .. " (expected children, ids, "
+              .. "until, after, deadline, on_deadline, message)", 2)
+      end
+    end
+    local n = 0
+    for _, k in ipairs({ "children", "ids", "until", "after" }) do
+      if spec[k] ~= nil then n = n + 1 end
+    end
+    if n ~= 1 then
+      error("leash.wait{...}: give exactly one of children = true, ids = {...}, until = epoch "
+            .. "seconds, after = seconds", 2)
+    end
+    local w = {}
+    if spec.children ~= nil then
+      if spec.children ~= true then
+        error("leash.wait{...}: children must be true, not "
+              .. (spec.children == false and "false" or type(spec.children)), 2)
+      end
+      w.reason = "children"
+    elseif spec.ids ~= nil then
+      if type(spec.ids) ~= "table" then
+        error("leash.wait{...}: ids must be a list of task ids, not a " .. type(spec.ids), 2)
+      end
+      if #spec.ids < 1 or #spec.ids > testing.WAIT_MAX_IDS then
+        error("leash.wait{...}: ids must list 1 to " .. testing.WAIT_MAX_IDS .. " task ids", 2)
+      end
+      w.reason, w.ids = "ids", {}
+      for i, id in ipairs(spec.ids) do
+        if math.type(id) ~= "integer" and not (type(id) == "number" and id == math.floor(id)) or id < 1 then
+          error("leash.wait{...}: ids[" .. i .. "] must be a task id (an integer >= 1)", 2)
+        end
+        w.ids[i] = math.tointeger(id)
+      end
+    elseif spec["until"] ~= nil then
+      w.reason, w["until"] = "until", wait_seconds(spec["until"], "until", false, 1e12)
+    else
+      w.reason, w.after = "until", wait_seconds(spec.after, "after", false, testing.MAX_WAIT)
+    end
+    w.deadline = spec.deadline == nil and testing.WAIT_DEADLINE
+                 or wait_seconds(spec.deadline, "deadline", true, testing.MAX_WAIT)
+    if spec.on_deadline ~= nil and spec.on_deadline ~= "retry" and spec.on_deadline ~= "dead" then
+      error('leash.wait{...}: on_deadline must be "retry" or "dead"', 2)
+    end
+    w.on_deadline = spec.on_deadline or "retry"
+    if spec.message ~= nil and type(spec.message) ~= "string" then
+      error("leash.wait{...}: message must be a string, not a " .. type(spec.message), 2)
+    end
+    return setmetatable({ kind = "wait", message = spec.message or "waiting", wait = w }, OUTCOME)
+  end
+  -- leash.waited(): what the spec set in h.waited ({reason, expired, tasks = {{id, status,
+  -- result}...}}), nil by default: the host reads it from the row (sql/018_waits.sql).
+  function leash.waited()
+    lost(h, "leash.waited")
+    return h.waited
   end
   function leash.fatal(msg)
     return setmetatable({ kind = "fatal", message = msg ~= nil and tostring(msg) or "fatal" }, OUTCOME)
@@ -758,10 +835,15 @@ testing.DEFAULT_MAX_ATTEMPTS = DEFAULT_MAX_ATTEMPTS
 testing.DEFAULT_MAX_SNOOZES = DEFAULT_MAX_SNOOZES
 -- Every cause a row's last_cause can hold, in src/lifecycle.c's order (tests/integration/
 -- sqlapi.sh checks the two agree). "cancelled" is written by `leash cancel`, never by a run;
--- "snooze_limit" by the settle.
+-- "snooze_limit" by the settle; "wait_deadline" by the reaper.
 testing.CAUSES = { "none", "returned", "script_error", "contract", "timeout", "memory",
                    "lease_lost", "stopping", "wedged", "crash", "quarantined", "bad_row",
-                   "budget", "cancelled", "snoozed", "snooze_limit" }
+                   "budget", "cancelled", "snoozed", "snooze_limit", "waiting",
+                   "wait_deadline" }
+-- leash.wait's bounds (LIFECYCLE_WAIT_DEADLINE_S, LIFECYCLE_MAX_WAIT_S, LIFECYCLE_WAIT_MAX_IDS).
+testing.WAIT_DEADLINE = 86400
+testing.MAX_WAIT = 604800
+testing.WAIT_MAX_IDS = 10000
 
 --- The wait in seconds before the next attempt after a retry without a delay on attempt
 --- `attempts` (the row's attempts counts the one that just ran): least(cap, base^attempts)
@@ -881,6 +963,10 @@ local function outcome(res, max_result_bytes)
       return { status = "retry", cause = "returned", error = message, delay = delay }
     end
     if kind == "fatal" then return { status = "dead", cause = "returned", error = message, fatal = true } end
+    -- a wait: pending, the attempt given back, not claimable until its condition holds
+    if kind == "wait" and type(rawget(a, "wait")) == "table" then
+      return { status = "wait", cause = "waiting", error = message, wait = rawget(a, "wait") }
+    end
   end
   return { status = "retry", cause = "contract", error = "handle returned a " .. type(a) .. CONTRACT,
            contract = true }
