@@ -14,6 +14,7 @@
 -- The wait's spec travels in the settle's results array (the kind 'wait' has no result):
 --   {"reason": "children"|"ids"|"until", "ids": [..], "until": epoch s, "after": s,
 --    "deadline": s, "on_deadline": "retry"|"dead"}
+-- ({"reason": "event", "event": name, ...} for an event.)
 -- children: the rows whose parent_id is this task (leash.enqueue writes it), resolved by the
 -- settle into wait_ids; ids: the given ids. A task "has settled" when it is done or dead or
 -- does not exist.
@@ -28,23 +29,31 @@
 -- the other's commit. Two siblings settling at once both see the committed waiter; each locks
 -- the waiter's row before its check, so the second's check sees the first's commit.
 --
--- Deadlines: a wait on tasks has one (leash.wait's deadline, default 24 h, cap 7 days). The
+-- Deadlines: a wait on tasks or an event has one (leash.wait's deadline, default 24 h, cap 7 days). The
 -- reaper (under its lock) expires waits past it: on_deadline 'retry' spends the attempt the
 -- wait gave back and makes the row runnable (dead when attempts are exhausted), 'dead' ends
 -- it; cause 'wait_deadline' either way. A wait on the clock always ends by itself.
 --
--- Not built here: events (leash.wait{event}, leash signal). A cancelled awaited task does not
--- wake its waiter (015's cancel is not restated): the waiter waits for its deadline.
+-- Events: leash.wait{event = "name"} waits for `leash signal NAME` / <table>_signal(name,
+-- payload, tenant, ttl_s). A signal is stored (<table>_signals, one row per scope and name,
+-- the latest payload) until its TTL (default 24 h) ends: it wakes the current waiters and any
+-- wait for that name that starts before it expires (a signal sent a moment before the wait
+-- is not lost). A signal without a tenant reaches every tenant's waiters; with one, that
+-- tenant's. The same two-sided locking as above, on an advisory lock per event name.
+--
+-- Not built: a cancelled awaited task does not wake its waiter (015's cancel is not
+-- restated): the waiter waits for its deadline.
 
 ALTER TABLE {{table}}
   ADD COLUMN IF NOT EXISTS parent_id        bigint,        -- leash.enqueue's parent
   ADD COLUMN IF NOT EXISTS wait_reason      text,          -- NULL: not waiting
   ADD COLUMN IF NOT EXISTS wait_ids         bigint[],
+  ADD COLUMN IF NOT EXISTS wait_event       text,
   ADD COLUMN IF NOT EXISTS wait_deadline    timestamptz,
   ADD COLUMN IF NOT EXISTS wait_on_deadline text;
 
 ALTER TABLE {{table}}
-  ADD CONSTRAINT leash_wait_reason CHECK (wait_reason IN ('children', 'ids', 'until')),
+  ADD CONSTRAINT leash_wait_reason CHECK (wait_reason IN ('children', 'ids', 'until', 'event')),
   ADD CONSTRAINT leash_wait_on_deadline CHECK (wait_on_deadline IN ('retry', 'dead'));
 
 -- "Which waiters await this id?" (a settle's one probe) and "whose children are these?".
@@ -52,9 +61,22 @@ CREATE INDEX IF NOT EXISTS {{name:wait_ids_idx}} ON {{table}} USING gin (wait_id
   WHERE wait_ids IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {{name:parent_idx}} ON {{table}} (parent_id)
   WHERE parent_id IS NOT NULL;
--- The reaper's expiry: waits on tasks, by deadline.
+-- A signal's one probe: the waiters of an event.
+CREATE INDEX IF NOT EXISTS {{name:wait_event_idx}} ON {{table}} (wait_event)
+  WHERE wait_event IS NOT NULL AND status = 'pending';
+-- The reaper's expiry: waits on tasks or events, by deadline.
 CREATE INDEX IF NOT EXISTS {{name:wait_deadline_idx}} ON {{table}} (wait_deadline)
   WHERE wait_deadline IS NOT NULL AND status = 'pending';
+
+-- Signals, remembered until expires_at. scope: a tenant id, or '' for every tenant.
+CREATE TABLE IF NOT EXISTS {{obj:signals}} (
+  scope        text NOT NULL,
+  name         text NOT NULL CHECK (octet_length(name) BETWEEN 1 AND 200),
+  payload      jsonb,
+  signalled_at timestamptz NOT NULL DEFAULT now(),
+  expires_at   timestamptz NOT NULL,
+  PRIMARY KEY (scope, name)
+);
 
 -- When a wait's row becomes claimable on its own: the clock's time, or never.
 CREATE FUNCTION {{obj:wait_wakes_at}}(p_spec jsonb) RETURNS timestamptz
@@ -196,6 +218,90 @@ BEGIN
   RETURN cardinality(ids);
 END $$;
 
+-- The lock of an event name (both sides: a signal, a waiter's settle).
+CREATE FUNCTION {{obj:wait_event_lock}}(p_name text) RETURNS void
+LANGUAGE sql AS $$
+  SELECT pg_advisory_xact_lock(hashtext({{table_literal}} || ':event'), hashtext(p_name))
+$$;
+
+-- Wakes the waiters for an event among p_ids (just settled, their row locks held) whose
+-- event has a live signal: each name's lock first, then a fresh look.
+CREATE FUNCTION {{obj:wait_events}}(p_ids bigint[]) RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET leash.internal = 'on'
+AS $$
+DECLARE
+  n int;
+BEGIN
+  PERFORM {{obj:wait_event_lock}}(e.name)
+     FROM (SELECT DISTINCT q.wait_event AS name FROM {{table}} q
+            WHERE q.id = ANY (p_ids) AND q.wait_event IS NOT NULL AND q.status = 'pending'
+              AND q.run_after = 'infinity'
+            ORDER BY 1) e;
+  WITH u AS (
+    UPDATE {{table}} q
+       SET run_after = now(), updated_at = now(),
+           is_head = NOT EXISTS (SELECT 1 FROM {{table}} o
+                                  WHERE o.tenant_id = q.tenant_id
+                                    AND o.shard_key = q.shard_key AND o.status = 'leased')
+     WHERE q.id = ANY (p_ids) AND q.wait_event IS NOT NULL AND q.status = 'pending'
+       AND q.run_after = 'infinity'
+       AND EXISTS (SELECT 1 FROM {{obj:signals}} g
+                    WHERE g.name = q.wait_event AND g.scope IN ('', q.tenant_id)
+                      AND g.expires_at > now())
+    RETURNING q.id)
+  SELECT count(*) INTO n FROM u;
+  RETURN n;
+END $$;
+
+-- Signals event p_name (for tenant p_tenant, or every tenant when NULL) with p_payload,
+-- remembered for p_ttl_s seconds (0: wakes the current waiters only); returns how many
+-- waiting tasks woke.
+CREATE FUNCTION {{obj:signal}}(p_name text, p_payload jsonb DEFAULT NULL,
+                               p_tenant text DEFAULT NULL, p_ttl_s float8 DEFAULT 86400)
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET leash.internal = 'on'
+AS $$
+DECLARE
+  n int;
+BEGIN
+  IF p_name IS NULL OR octet_length(p_name) NOT BETWEEN 1 AND 200 THEN
+    RAISE EXCEPTION 'signal: the event name must be 1 to 200 bytes'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF p_ttl_s IS NULL OR NOT (p_ttl_s BETWEEN 0 AND 604800) THEN
+    RAISE EXCEPTION 'signal: ttl must be 0 to 604800 seconds, not %', p_ttl_s
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  PERFORM {{obj:wait_event_lock}}(p_name);
+  -- A signal's row is written even with ttl 0 (expired at once): the woken tasks read its
+  -- payload (leash.waited) until it is replaced.
+  INSERT INTO {{obj:signals}} AS g (scope, name, payload, signalled_at, expires_at)
+  VALUES (coalesce(p_tenant, ''), p_name, p_payload, now(),
+          now() + make_interval(secs => p_ttl_s))
+  ON CONFLICT (scope, name) DO UPDATE
+    SET payload = EXCLUDED.payload, signalled_at = EXCLUDED.signalled_at,
+        expires_at = EXCLUDED.expires_at;
+  DELETE FROM {{obj:signals}} g WHERE g.expires_at < now() - interval '7 days';
+  WITH u AS (
+    UPDATE {{table}} q
+       SET run_after = now(), updated_at = now(),
+           is_head = NOT EXISTS (SELECT 1 FROM {{table}} o
+                                  WHERE o.tenant_id = q.tenant_id
+                                    AND o.shard_key = q.shard_key AND o.status = 'leased')
+     WHERE q.wait_event = p_name AND q.status = 'pending' AND q.run_after = 'infinity'
+       AND (p_tenant IS NULL OR q.tenant_id = p_tenant)
+    RETURNING q.id)
+  SELECT count(*) INTO n FROM u;
+  IF n > 0 THEN
+    PERFORM pg_notify('leash_' || {{table_literal}}::regclass::oid::text, '');
+  END IF;
+  RETURN n;
+END $$;
+
 -- ---------------------------------------------------------------- settle
 
 -- 016's settle (same arguments: the cycle and its fallback call it unchanged, one round trip)
@@ -299,8 +405,12 @@ BEGIN
                         WHEN u.kind = 'wait' AND NOT u.crashed AND u.result->>'reason' = 'ids'
                         THEN ARRAY(SELECT jsonb_array_elements_text(u.result->'ids')::bigint)
                         END,
+           wait_event = CASE
+                          WHEN u.kind = 'wait' AND NOT u.crashed AND u.result->>'reason' = 'event'
+                          THEN u.result->>'event' END,
            wait_deadline = CASE
-                             WHEN u.kind = 'wait' AND NOT u.crashed AND u.result->>'reason' IN ('children', 'ids')
+                             WHEN u.kind = 'wait' AND NOT u.crashed
+                                  AND u.result->>'reason' IN ('children', 'ids', 'event')
                              THEN now() + make_interval(secs => least((u.result->>'deadline')::float8,
                                                                     604800))
                              END,
@@ -348,6 +458,7 @@ BEGIN
   -- waiters settled here whose children already settled, and the waiting parents of rows
   -- settled here (see wait_wake).
   PERFORM {{obj:wait_wake}}(p_ids);
+  PERFORM {{obj:wait_events}}(p_ids);
 END $$;
 -- ---------------------------------------------------------------- reap
 

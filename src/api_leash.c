@@ -18,6 +18,7 @@
 
 #include <lauxlib.h>
 #include <libpq-fe.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +55,8 @@ static const char outcome_key = 'O';
 int api_leash_open(lua_State *L)
 {
   static const luaL_Reg funcs[] = {
-    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "snooze", l_snooze }, { "wait", l_wait },
+    { "ok", l_ok }, { "retry", l_retry }, { "fatal", l_fatal }, { "snooze", l_snooze },
+    { "wait", l_wait },
     { "waited", l_waited },
     { "now", l_now }, { "sleep", l_sleep }, { "step", l_step }, { "enqueue", l_enqueue },
     { "usage", api_usage }, { "env", api_env },
@@ -245,15 +247,18 @@ static double wait_number(lua_State *L, const char *key, int positive, double hi
   return d > hi ? hi : d;
 }
 
-/* leash.wait{children = true | ids = {...} | until = epoch_s | after = s, deadline = s,
+/* leash.wait{children = true | ids = {...} | until = epoch_s | after = s | event = name,
+   deadline = s,
    on_deadline = "retry"|"dead", message = m}: ends the execution waiting, the attempt given
    back (sql/018_waits.sql). Exactly one condition; unknown fields and wrong types raise here,
    at the script's line: a typo must not wait for a day. The spec goes to the settle as JSON
    in the outcome's field spec. */
+#define WAIT_EVENT_MAX 200   /* sql/018_waits.sql's signals.name */
+
 static int l_wait(lua_State *L)
 {
-  static const char *const keys[] = { "children", "ids", "until", "after", "deadline",
-                                      "on_deadline", "message", NULL };
+  static const char *const keys[] = { "children", "ids", "until", "after", "event",
+                                      "deadline", "on_deadline", "message", NULL };
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
   lua_pushnil(L);
@@ -264,18 +269,19 @@ static int l_wait(lua_State *L)
       known |= strcmp(k, keys[i]) == 0;
     if (!known)
       return luaL_error(L, "leash.wait{...}: unknown field %s (expected children, ids, until, "
-                        "after, deadline, on_deadline, message)", k ? k : luaL_typename(L, -2));
+                        "after, event, deadline, on_deadline, message)",
+                        k ? k : luaL_typename(L, -2));
     lua_pop(L, 1);
   }
   int n = 0;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     n += lua_getfield(L, 1, keys[i]) != LUA_TNIL;
   lua_settop(L, 1);
   if (n != 1)
     return luaL_error(L, "leash.wait{...}: give exactly one of children = true, ids = {...}, "
-                      "until = epoch seconds, after = seconds");
+                      "until = epoch seconds, after = seconds, event = name");
   /* Everything checked first; the spec is written after, with nothing left to raise. */
-  char head[96];
+  char head[320];
   lua_Integer len = 0;
   lua_getfield(L, 1, "ids");                               /* 2: the list, or nil */
   if (lua_getfield(L, 1, "children") != LUA_TNIL) {
@@ -301,6 +307,17 @@ static int l_wait(lua_State *L)
       lua_pop(L, 1);
     }
     snprintf(head, sizeof head, "{\"reason\":\"ids\",\"ids\":[");
+  } else if (lua_pop(L, 1), lua_getfield(L, 1, "event") != LUA_TNIL) {
+    /* A name the spec's JSON holds unquoted-safe: no escaping to get wrong. */
+    size_t nl = 0;
+    const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &nl) : NULL;
+    int ok = name && nl >= 1 && nl <= WAIT_EVENT_MAX;
+    for (size_t i = 0; ok && i < nl; i++)
+      ok = isalnum((unsigned char)name[i]) || strchr("_.:/-", name[i]) != NULL;
+    if (!ok)
+      return luaL_error(L, "leash.wait{...}: event must be a name of 1 to %d letters, digits "
+                        "and _ . : / -", WAIT_EVENT_MAX);
+    snprintf(head, sizeof head, "{\"reason\":\"event\",\"event\":\"%s\"", name);
   } else if (lua_pop(L, 1), lua_getfield(L, 1, "until") != LUA_TNIL) {
     lua_pop(L, 1);
     snprintf(head, sizeof head, "{\"reason\":\"until\",\"until\":%.3f",
@@ -358,9 +375,9 @@ static int l_wait(lua_State *L)
 }
 
 /* leash.waited(): nil unless this task's last execution ended in leash.wait; then
-   {reason = "children"|"ids"|"until", expired = bool (its deadline passed: a retry),
-   tasks = {{id, status, result}, ...}} (the tasks it waited for, by id; empty for a wait on
-   the clock). One query; the wait's record stays until this execution settles. */
+   {reason = "children"|"ids"|"until"|"event", expired = bool (its deadline passed: a
+   retry), tasks = {{id, status, result}, ...} (the tasks it waited for, by id; empty for
+   the clock or an event), event = {name, payload} (the event's latest signal, or nil)}. One query; the wait's record stays until this execution settles. */
 static int l_waited(lua_State *L)
 {
   taskctx_check_live(L, "leash.waited");

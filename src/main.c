@@ -28,6 +28,7 @@ static const struct command commands[] = {
   { "pause", cmd_pause, "claims skip a tenant, a batch or a budget's tasks until resumed" },
   { "resume", cmd_resume, "lift a pause" },
   { "cancel", cmd_cancel, "end pending and running tasks dead (--id N, --batch B, --tenant T)" },
+  { "signal", cmd_signal, "wake the tasks waiting for an event (leash.wait{event = NAME})" },
   { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
   { "dashboard", cmd_dashboard, "a web dashboard of the queue: batches, charts, workers, actions" },
   { "fixture", cmd_fixture, "a dead task's recording as a busted spec and its fixture" },

@@ -818,14 +818,26 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
   s->enqueue = child ? insert_sql(t->qualified, child, "parent_id") : NULL;
   free(child);
   free(steps);
-  /* The tasks a wait named with their outcome so far (a cancelled or pruned one: absent). */
-  s->wait_get = format_sql_ab(
+  /* The tasks a wait named with their outcome so far (a cancelled or pruned one: absent),
+     and the latest signal of the event it waited for. */
+  char *signals = db_table_object(t, c, "signals", 1);
+  static const char wait_fmt[] =
     "SELECT json_build_object('reason', q.wait_reason, "
     "         'expired', coalesce(q.last_cause = 'wait_deadline', false), "
     "         'tasks', coalesce((SELECT json_agg(json_build_object('id', c.id, "
     "                              'status', c.status, 'result', c.result) ORDER BY c.id) "
-    "                             FROM %s c WHERE c.id = ANY (q.wait_ids)), '[]'::json))::text "
-    "  FROM %s q WHERE q.id = $1 AND q.wait_reason IS NOT NULL", t->qualified, t->qualified);
+    "                             FROM %s c WHERE c.id = ANY (q.wait_ids)), '[]'::json), "
+    "         'event', (SELECT json_build_object('name', g.name, 'payload', g.payload) "
+    "                     FROM %s g WHERE g.name = q.wait_event "
+    "                      AND g.scope IN ('', q.tenant_id) "
+    "                    ORDER BY g.signalled_at DESC LIMIT 1))::text "
+    "  FROM %s q WHERE q.id = $1 AND q.wait_reason IS NOT NULL";
+  if (signals) {
+    size_t wn = sizeof wait_fmt + 2 * strlen(t->qualified) + strlen(signals);
+    if ((s->wait_get = malloc(wn)))
+      snprintf(s->wait_get, wn, wait_fmt, t->qualified, signals, t->qualified);
+  }
+  free(signals);
   char *grant = db_table_object(t, c, "budget_grant", 1);
   char *settle = db_table_object(t, c, "budget_settle", 1);
   if (grant)

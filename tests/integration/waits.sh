@@ -124,6 +124,51 @@ case_a_wait_past_its_deadline_with_on_deadline_dead_is_dead() {
   stop_workers A
 }
 
+# `leash signal` wakes the waiters of its event (in its --tenant only) and prints how many;
+# <table>_signal does the same from SQL; each woken task reads the payload it was sent.
+case_an_event_signalled_from_the_cli_or_sql_wakes_its_waiters_with_the_payload() {
+  waits_setup
+  local a b c
+  a=$(enqueue_one '{"role":"event","event":"batch-7"}' --tenant t1)
+  b=$(enqueue_one '{"role":"event","event":"batch-7"}' --tenant t1)
+  c=$(enqueue_one '{"role":"event","event":"batch-7"}' --tenant t2)
+  start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
+  local id
+  for id in "$a" "$b" "$c"; do wait_for "task $id to wait" 30 is_waiting "$id"; done
+  assert_eq "tasks woken by the CLI (tenant t1)" \
+    "$("$LEASH" signal batch-7 --tenant t1 --payload '{"file":"out-7.jsonl"}')" 2
+  wait_for "t1's waiters to be done" 30 q_true \
+    "select count(*) = 2 from $QT where id in ($a, $b) and status = 'done'"
+  assert_eq "a woken task's result (reason|name|payload)" \
+    "$(row "$a" "concat_ws('|', result->>'reason', result->>'name', result->>'payload')")" \
+    'event|batch-7|{"file": "out-7.jsonl"}'
+  assert_eq "attempts of the woken" "$(q "select string_agg(attempts::text, ',') from $QT where id in ($a, $b)")" "1,1"
+  assert_eq "t2's waiter still waits" "$(row "$c" "status || '|' || last_cause")" "pending|waiting"
+  assert_eq "tasks woken by SQL (every tenant)" \
+    "$(q "select ${QT}_signal('batch-7', '{\"n\": 2}'::jsonb)")" 1
+  wait_for "t2's waiter to be done" 30 q_true "select status = 'done' from $QT where id = $c"
+  assert_eq "its payload" "$(row "$c" "result->>'payload'")" '{"n": 2}'
+  stop_workers A
+}
+
+# A signal is kept for its TTL: a wait that starts after it is woken at once; one sent with
+# --ttl 0 wakes only the tasks waiting then.
+case_a_signal_sent_before_the_wait_wakes_it_unless_its_ttl_was_0() {
+  waits_setup
+  assert_eq "no waiter yet" "$("$LEASH" signal early --payload '"ready"')" 0
+  assert_eq "no waiter yet" "$("$LEASH" signal gone --ttl 0)" 0
+  local e g
+  e=$(enqueue_one '{"role":"event","event":"early"}')
+  g=$(enqueue_one '{"role":"event","event":"gone","deadline":3600}')
+  start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
+  wait_for "the task waiting for 'early' to be done" 30 q_true "select status = 'done' from $QT where id = $e"
+  assert_eq "(attempts|payload)" "$(row "$e" "attempts || '|' || (result->'payload')::text")" '1|"ready"'
+  wait_for "the task waiting for 'gone' to wait" 30 is_waiting "$g"
+  assert_eq "its deadline (an hour)" \
+    "$(row "$g" "extract(epoch from wait_deadline - finished_at)::int")" 3600
+  stop_workers A
+}
+
 # Bad input to leash.wait, by class (wrong types, out-of-range numbers, unknown or missing
 # keys, two conditions): a script error for that task, with one message naming the field.
 case_bad_input_to_leash_wait_is_a_script_error_naming_the_field() {
@@ -150,6 +195,9 @@ case_bad_input_to_leash_wait_is_a_script_error_naming_the_field() {
     '{}'                                           'give exactly one of'
     '{"children":true,"after":1}'                  'give exactly one of'
     '{"children":true,"message":5}'                'message must be a string'
+    '{"event":""}'                                 'event must be a name of 1 to 200'
+    '{"event":"a\"b"}'                            'event must be a name of 1 to 200'
+    '{"event":7}'                                  'event must be a name of 1 to 200'
   )
   local i ids=()
   for ((i = 0; i < ${#specs[@]}; i += 2)); do
