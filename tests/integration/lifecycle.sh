@@ -251,9 +251,11 @@ case_snoozes_match_in_both() {
 case_waits_match_in_both() {
   compare wait_after wait_after 4 default 1 \
           wait_bad wait_bad 4 default 1 \
+          wait_event wait_event 4 default 1 \
           wait_last wait_last 7 default 1
   expect_record wait_after status=pending attempts=4 cause=waiting wait=30.000 "error=batch submitted"
   expect_record wait_bad status=pending attempts=5 cause=script_error wait=32.000 traceback=true
+  expect_record wait_event status=pending attempts=5 cause=script_error wait=32.000 traceback=true
   expect_record wait_last status=pending attempts=7 cause=waiting wait=45.000 error=waiting
   assert_eq "a wait is no snooze (snoozes)" "$(q "select snoozes from agent_work_queue where shard_key = 'wait_after'")" 0
 }

@@ -169,6 +169,54 @@ case_a_signal_sent_before_the_wait_wakes_it_unless_its_ttl_was_0() {
   stop_workers A
 }
 
+# The race of a child's settle with its parent's wait-settle, across 3 processes x 4 slots:
+# 60 parents x 8 children, the children running at once (some finish before their parent's
+# wait is written, some after, some at the same moment; parents pause 0-30 ms after their
+# fanout to spread it). Every parent ends done with one attempt and every child's result;
+# none is left waiting with all its children settled.
+case_many_parents_and_children_across_three_processes_leave_no_parent_waiting() {
+  waits_setup
+  local i
+  for ((i = 0; i < 60; i++)); do
+    printf '{"payload":{"role":"parent","n":8,"pause":%s}}\n' "0.0$((i % 4))"
+  done >"$T_TMP/parents.jsonl"
+  enqueue_file "$T_TMP/parents.jsonl" 60
+  local w
+  for w in A B C; do start_worker "$w" "$WFIX" --concurrency 4 --poll-ms 10-50; done
+  wait_for "every parent to be done" 300 q_true \
+    "select count(*) = 60 from $QT where parent_id is null and status = 'done'"
+  assert_eq "children done" "$(q "select count(*) from $QT where parent_id is not null and status = 'done'")" 480
+  assert_eq "parents by (attempts, tasks, done, sum)" \
+    "$(q "select string_agg(distinct concat_ws(',', attempts, result->>'tasks', result->>'done',
+                                               result->>'sum'), ' ') from $QT where parent_id is null")" \
+    "1,8,8,72"
+  assert_eq "rows left pending" "$(q "select count(*) from $QT where status <> 'done'")" 0
+  stop_workers A B C
+  assert_no_sanitizer_reports
+}
+
+# The reduce target (issue #19): a parent over 1,000 children spends no attempt and holds no
+# lease while it waits (checked from SQL during the wait), and then sums every chunk.
+case_a_reduce_over_1000_children_spends_no_attempt_and_no_slot_while_it_waits() {
+  waits_setup
+  local p
+  # the children wait 3 s before they run: the wait is long enough to be looked at
+  p=$(enqueue_one '{"role":"parent","n":1000,"child_delay":3}')
+  start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
+  wait_for "the reduce (task $p) to wait" 60 is_waiting "$p"
+  assert_eq "while it waits (attempts|leased rows of its shard|children recorded)" \
+    "$(row "$p" "concat_ws('|', attempts,
+                            (select count(*) from $QT o where o.shard_key = 'task:' || $p
+                                and o.status = 'leased'), cardinality(wait_ids))")" "0|0|1000"
+  wait_for "the reduce to be done" 300 q_true "select status = 'done' from $QT where id = $p"
+  assert_eq "(attempts|tasks|done|sum)" \
+    "$(row "$p" "concat_ws('|', attempts, result->>'tasks', result->>'done', result->>'sum')")" \
+    "1|1000|1000|1001000"
+  assert_eq "its executions (kinds)" \
+    "$(q "select string_agg(kind, ',' order by finished_at) from ${QT}_attempts where task_id = $p")" "wait,done"
+  stop_workers A
+}
+
 # Bad input to leash.wait, by class (wrong types, out-of-range numbers, unknown or missing
 # keys, two conditions): a script error for that task, with one message naming the field.
 case_bad_input_to_leash_wait_is_a_script_error_naming_the_field() {

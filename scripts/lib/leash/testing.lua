@@ -395,7 +395,7 @@ local function new_fake(h)
   -- leash.wait{...}: the host's checks and messages (src/api_leash.c, l_wait); the outcome
   -- carries the wait as a table (out.wait) where the host carries JSON.
   local WAIT_KEYS = { children = true, ids = true, ["until"] = true, after = true,
-                      deadline = true, on_deadline = true, message = true }
+                      event = true, deadline = true, on_deadline = true, message = true }
   local function wait_seconds(v, key, positive, hi)
     if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge or v < 0
        or (positive and v <= 0) then
@@ -412,16 +412,16 @@ local function new_fake(h)
     for k in pairs(spec) do
       if type(k) ~= "string" or not WAIT_KEYS[k] then
         error("leash.wait{...}: unknown field " .. tostring(k) .. " (expected children, ids, "
-              .. "until, after, deadline, on_deadline, message)", 2)
+              .. "until, after, event, deadline, on_deadline, message)", 2)
       end
     end
     local n = 0
-    for _, k in ipairs({ "children", "ids", "until", "after" }) do
+    for _, k in ipairs({ "children", "ids", "until", "after", "event" }) do
       if spec[k] ~= nil then n = n + 1 end
     end
     if n ~= 1 then
       error("leash.wait{...}: give exactly one of children = true, ids = {...}, until = epoch "
-            .. "seconds, after = seconds", 2)
+            .. "seconds, after = seconds, event = name", 2)
     end
     local w = {}
     if spec.children ~= nil then
@@ -444,6 +444,12 @@ local function new_fake(h)
         end
         w.ids[i] = math.tointeger(id)
       end
+    elseif spec.event ~= nil then
+      if type(spec.event) ~= "string" or #spec.event < 1 or #spec.event > 200
+         or spec.event:find("[^%w_.:/%-]") then
+        error("leash.wait{...}: event must be a name of 1 to 200 letters, digits and _ . : / -", 2)
+      end
+      w.reason, w.event = "event", spec.event
     elseif spec["until"] ~= nil then
       w.reason, w["until"] = "until", wait_seconds(spec["until"], "until", false, 1e12)
     else
