@@ -41,8 +41,7 @@
 -- is not lost). A signal without a tenant reaches every tenant's waiters; with one, that
 -- tenant's. The same two-sided locking as above, on an advisory lock per event name.
 --
--- Not built: a cancelled awaited task does not wake its waiter (015's cancel is not
--- restated): the waiter waits for its deadline.
+-- A cancelled awaited task counts as settled (016's cancel is restated to wake its waiters).
 
 ALTER TABLE {{table}}
   ADD COLUMN IF NOT EXISTS parent_id        bigint,        -- leash.enqueue's parent
@@ -553,4 +552,58 @@ BEGIN
      FROM unnest(r_id, r_status) AS x(id, status) WHERE x.status = 'dead' HAVING count(*) > 0;
   PERFORM pg_notify('leash_' || {{table_literal}}::regclass::oid::text, '');
   RETURN QUERY SELECT * FROM unnest(r_id, r_status, r_tenant, r_owner, r_cause);
+END $$;
+
+-- ---------------------------------------------------------------- cancel
+
+-- 016's cancel, waking the waiters of the tasks it ended.
+CREATE OR REPLACE FUNCTION {{obj:cancel}}(p_ids bigint[], p_batch text, p_tenant text,
+                               OUT pending bigint, OUT leased bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  ids bigint[];
+BEGIN
+  IF (p_ids IS NOT NULL)::int + (p_batch IS NOT NULL)::int + (p_tenant IS NOT NULL)::int <> 1 THEN
+    RAISE EXCEPTION 'cancel: give exactly one of ids, batch, tenant'
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT array_agg(c.id) INTO ids FROM (
+    SELECT q.id FROM {{table}} q
+     WHERE q.status IN ('pending', 'leased')
+       AND (p_ids IS NULL OR q.id = ANY (p_ids))
+       AND (p_batch IS NULL OR q.batch = p_batch)
+       AND (p_tenant IS NULL OR q.tenant_id = p_tenant)
+     ORDER BY q.id
+       FOR UPDATE) c;
+  WITH u AS (
+    UPDATE {{table}} q
+       SET status = 'dead', last_cause = 'cancelled', locked_until = NULL,
+           last_error = CASE WHEN q.status = 'leased'
+                             THEN 'cancelled while leased by worker ' || coalesce(q.lease_owner, '?')
+                             ELSE 'cancelled' END,
+           finished_at = now(), updated_at = now()
+      FROM {{table}} o
+     WHERE q.id = ANY (coalesce(ids, '{}')) AND o.id = q.id AND q.status IN ('pending', 'leased')
+    RETURNING o.status AS was, q.id, q.attempts, q.lease_token, o.lease_owner, q.started_at,
+              q.finished_at, q.last_error, q.run_after, q.created_at
+  ), h AS (
+    -- A lease cancelled under its worker ends its execution here: that worker's settle
+    -- will match nothing.
+    INSERT INTO {{obj:attempts}} (task_id, lease_token, attempt, worker, queue_wait_s,
+                                  claimed_at, finished_at, kind, cause, status, error)
+    SELECT u.id, coalesce(u.lease_token, 0), u.attempts, u.lease_owner,
+           extract(epoch FROM u.started_at - greatest(u.run_after, u.created_at))::float8,
+           u.started_at, u.finished_at, 'lost', 'cancelled', 'dead', u.last_error
+      FROM u WHERE u.was = 'leased'
+    ON CONFLICT DO NOTHING
+  )
+  SELECT count(*) FILTER (WHERE was = 'pending'), count(*) FILTER (WHERE was = 'leased')
+    INTO pending, leased FROM u;
+  -- A cancelled task may be the last one a waiter waits for (018).
+  PERFORM {{obj:wait_wake}}(ids);
+  -- A lane handed over has a new head: wake idle workers rather than wait for their poll.
+  IF pending + leased > 0 THEN
+    PERFORM pg_notify('leash_' || {{table_literal}}::regclass::oid::text, '');
+  END IF;
 END $$;

@@ -27,6 +27,7 @@ stop_workers() {
   local w
   for w in "$@"; do kill -TERM "${W_PID[$w]}" 2>/dev/null || true; done
   for w in "$@"; do assert_worker_exit "$w" 60 0; done
+  assert_no_sanitizer_reports
 }
 
 # "waiting": pending, not claimable, no lease held, the attempt given back.
@@ -76,6 +77,24 @@ case_a_wait_for_ids_wakes_when_the_last_of_them_settles() {
   assert_eq "waiter (attempts|reason|tasks|done|dead)" \
     "$(row "$w" "concat_ws('|', attempts, result->>'reason', result->>'tasks', result->>'done',
                             result->>'dead')")" "1|ids|2|1|1"
+  stop_workers A
+}
+
+# A task cancelled (leash cancel) counts as settled: the last child cancelled wakes its
+# parent, which sees it dead.
+case_a_cancelled_child_wakes_its_waiting_parent() {
+  waits_setup
+  local p
+  p=$(enqueue_one '{"role":"parent","n":2,"child_delay":3600}')
+  start_worker A "$WFIX" --concurrency 1 --poll-ms 10-50
+  wait_for "the parent (task $p) to wait" 30 is_waiting "$p"
+  local kids
+  kids=$(q "select string_agg(id::text, ' ' order by id) from $QT where parent_id = $p")
+  local k
+  for k in $kids; do expect_exit 0 "$LEASH" cancel --id "$k"; done
+  wait_for "the parent to be done" 30 q_true "select status = 'done' from $QT where id = $p"
+  assert_eq "(attempts|tasks|done|dead)" \
+    "$(row "$p" "concat_ws('|', attempts, result->>'tasks', result->>'done', result->>'dead')")" "1|2|0|2"
   stop_workers A
 }
 
