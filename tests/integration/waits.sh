@@ -98,6 +98,24 @@ case_a_cancelled_child_wakes_its_waiting_parent() {
   stop_workers A
 }
 
+# A waiting task is not its shard's head: a row enqueued into its shard while it waits runs,
+# and the waiter still wakes and finishes when its child is let run.
+case_a_waiting_task_does_not_hold_back_its_shard() {
+  waits_setup
+  local p next
+  p=$(enqueue_one '{"role":"parent","n":1,"child_delay":3600}' --shard lane)
+  start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
+  wait_for "the parent (task $p) to wait" 30 is_waiting "$p"
+  next=$(enqueue_one '{"role":"child","n":5}' --shard lane)
+  wait_for "the shard's new row (task $next) to run while the parent waits" 30 q_true \
+    "select status = 'done' from $QT where id = $next"
+  assert_eq "the parent still waits" "$(row "$p" "status || '|' || last_cause")" "pending|waiting"
+  q "update $QT set run_after = now() where parent_id = $p" >/dev/null
+  wait_for "the parent to be done" 30 q_true "select status = 'done' from $QT where id = $p"
+  assert_eq "(attempts|done)" "$(row "$p" "attempts || '|' || (result->>'done')")" "1|1"
+  stop_workers A
+}
+
 # A wait on the clock (after = 2 s) makes the row due then, and spends nothing.
 case_a_wait_on_the_clock_runs_again_when_its_time_comes() {
   waits_setup
