@@ -232,6 +232,34 @@ case_many_parents_and_children_across_three_processes_leave_no_parent_waiting() 
   assert_no_sanitizer_reports
 }
 
+# Signals racing the waits across 3 processes x 4 slots: 90 tasks wait for events e-0..e-89
+# while a signaller sends them in a shuffled order from the CLI and from SQL, some before the
+# task waits, some while its wait is being written. Every task ends done with one attempt
+# and its own payload; none is left waiting.
+case_signals_racing_the_waits_across_three_processes_leave_no_task_waiting() {
+  waits_setup
+  local i
+  for ((i = 0; i < 90; i++)); do
+    printf '{"payload":{"role":"event","event":"e-%d"}}\n' "$i"
+  done >"$T_TMP/waiters.jsonl"
+  enqueue_file "$T_TMP/waiters.jsonl" 90
+  local w
+  for w in A B C; do start_worker "$w" "$WFIX" --concurrency 4 --poll-ms 10-50; done
+  for i in $(seq 0 89 | shuf); do
+    if ((i % 2)); then
+      "$LEASH" signal "e-$i" --payload "$i" >/dev/null || fail "signal e-$i failed"
+    else
+      q "select ${QT}_signal('e-$i', '$i'::jsonb)" >/dev/null
+    fi
+  done
+  wait_for "every waiter to be done" 300 q_true "select count(*) = 90 from $QT where status = 'done'"
+  assert_eq "tasks whose payload is not their event's, or that spent more than one attempt" \
+    "$(q "select count(*) from $QT where attempts <> 1
+            or result->>'name' <> payload->>'event'
+            or 'e-' || (result->>'payload') <> payload->>'event'")" 0
+  stop_workers A B C
+}
+
 # The reduce target (issue #19): a parent over 1,000 children spends no attempt and holds no
 # lease while it waits (checked from SQL during the wait), and then sums every chunk.
 case_a_reduce_over_1000_children_spends_no_attempt_and_no_slot_while_it_waits() {
