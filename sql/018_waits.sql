@@ -5,7 +5,7 @@
 -- the row goes back to pending with the claim's attempt given back (like a granted snooze,
 -- but never counted in snoozes), last_cause 'waiting', its steps kept, and its lease and slot
 -- freed by the settle like any other end. It is not claimable while it waits: run_after is
--- 'infinity' for a wait on tasks (children, ids) and the wake time for a wait on the clock.
+-- 'infinity' for a wait on tasks (children, ids) or an event, the wake time for the clock.
 -- The status stays 'pending' (every status-reading query, index and trigger stays right);
 -- "waiting" is: wait_reason set and run_after in the future. A waiting task is not its
 -- shard's head once anything else of the shard is pending (its run_after sorts last, as a
@@ -29,8 +29,8 @@
 -- the other's commit. Two siblings settling at once both see the committed waiter; each locks
 -- the waiter's row before its check, so the second's check sees the first's commit.
 --
--- Deadlines: a wait on tasks or an event has one (leash.wait's deadline, default 24 h, cap 7 days). The
--- reaper (under its lock) expires waits past it: on_deadline 'retry' spends the attempt the
+-- Deadlines: a wait on tasks or an event has one (leash.wait's deadline, default 24 h, cut
+-- to 7 days). The reaper (under its lock) expires waits past it: on_deadline 'retry' spends the attempt the
 -- wait gave back and makes the row runnable (dead when attempts are exhausted), 'dead' ends
 -- it; cause 'wait_deadline' either way. A wait on the clock always ends by itself.
 --
@@ -42,6 +42,13 @@
 -- tenant's. The same two-sided locking as above, on an advisory lock per event name.
 --
 -- A cancelled awaited task counts as settled (016's cancel is restated to wake its waiters).
+--
+-- What is restated: 016's settle (same arguments, CREATE OR REPLACE: the cycle and its
+-- fallback call it unchanged, so the settle stays in the cycle's one round trip), 016's reap
+-- (the expiry, the wakes of leases reaped dead) and 016's cancel. Known limit: the two-sided
+-- locks can, rarely, deadlock a settle with the reaper's expiry on colliding buckets;
+-- PostgreSQL then aborts one: the host writes that cycle's outcomes again one by one
+-- (dispatch.c, settle_one_by_one), the reaper tries again at its next round.
 
 ALTER TABLE {{table}}
   ADD COLUMN IF NOT EXISTS parent_id        bigint,        -- leash.enqueue's parent
