@@ -58,7 +58,10 @@ ALTER TABLE {{table}}
   ADD COLUMN IF NOT EXISTS wait_deadline    timestamptz,
   ADD COLUMN IF NOT EXISTS wait_on_deadline text;
 
+-- Dropped first, as 012 does: a schema rebuilt from an older record runs this again.
 ALTER TABLE {{table}}
+  DROP CONSTRAINT IF EXISTS leash_wait_reason,
+  DROP CONSTRAINT IF EXISTS leash_wait_on_deadline,
   ADD CONSTRAINT leash_wait_reason CHECK (wait_reason IN ('children', 'ids', 'until', 'event')),
   ADD CONSTRAINT leash_wait_on_deadline CHECK (wait_on_deadline IN ('retry', 'dead'));
 
@@ -85,7 +88,7 @@ CREATE TABLE IF NOT EXISTS {{obj:signals}} (
 );
 
 -- When a wait's row becomes claimable on its own: the clock's time, or never.
-CREATE FUNCTION {{obj:wait_wakes_at}}(p_spec jsonb) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION {{obj:wait_wakes_at}}(p_spec jsonb) RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
   SELECT CASE
            WHEN p_spec->>'reason' = 'until' AND p_spec ? 'after'
@@ -97,7 +100,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The advisory lock of an awaited id (the two-key space; the claim's gate uses the one-key).
-CREATE FUNCTION {{obj:wait_lock_key}}(p_id bigint) RETURNS int
+CREATE OR REPLACE FUNCTION {{obj:wait_lock_key}}(p_id bigint) RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT (p_id % 1024)::int
 $$;
@@ -106,7 +109,7 @@ $$;
 -- awaited tasks have all settled, and waiters awaiting any of p_ids. Returns how many woke.
 -- Called after the statement that wrote p_ids (its row locks held); every statement here
 -- takes a fresh snapshot (a volatile function under READ COMMITTED).
-CREATE FUNCTION {{obj:wait_wake}}(p_ids bigint[]) RETURNS int
+CREATE OR REPLACE FUNCTION {{obj:wait_wake}}(p_ids bigint[]) RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET leash.internal = 'on'
@@ -169,7 +172,7 @@ END $$;
 
 -- Waits on tasks past their deadline (the reaper, under its lock): retry spends the attempt
 -- the wait gave back; dead, or no attempt left, ends the row. Returns how many.
-CREATE FUNCTION {{obj:wait_expire}}() RETURNS int
+CREATE OR REPLACE FUNCTION {{obj:wait_expire}}() RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET leash.internal = 'on'
@@ -225,14 +228,14 @@ BEGIN
 END $$;
 
 -- The lock of an event name (both sides: a signal, a waiter's settle).
-CREATE FUNCTION {{obj:wait_event_lock}}(p_name text) RETURNS void
+CREATE OR REPLACE FUNCTION {{obj:wait_event_lock}}(p_name text) RETURNS void
 LANGUAGE sql AS $$
   SELECT pg_advisory_xact_lock(hashtext({{table_literal}} || ':event'), hashtext(p_name))
 $$;
 
 -- Wakes the waiters for an event among p_ids (just settled, their row locks held) whose
 -- event has a live signal: each name's lock first, then a fresh look.
-CREATE FUNCTION {{obj:wait_events}}(p_ids bigint[]) RETURNS int
+CREATE OR REPLACE FUNCTION {{obj:wait_events}}(p_ids bigint[]) RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET leash.internal = 'on'
@@ -240,6 +243,13 @@ AS $$
 DECLARE
   n int;
 BEGIN
+  -- Most settles have no such waiter: then the signals are not read at all (nor planned, so
+  -- a worker role without a grant on them still settles everything else).
+  IF NOT EXISTS (SELECT 1 FROM {{table}} q
+                  WHERE q.id = ANY (p_ids) AND q.wait_event IS NOT NULL
+                    AND q.status = 'pending' AND q.run_after = 'infinity') THEN
+    RETURN 0;
+  END IF;
   PERFORM {{obj:wait_event_lock}}(e.name)
      FROM (SELECT DISTINCT q.wait_event AS name FROM {{table}} q
             WHERE q.id = ANY (p_ids) AND q.wait_event IS NOT NULL AND q.status = 'pending'
@@ -264,7 +274,7 @@ END $$;
 -- Signals event p_name (for tenant p_tenant, or every tenant when NULL) with p_payload,
 -- remembered for p_ttl_s seconds (0: wakes the current waiters only); returns how many
 -- waiting tasks woke.
-CREATE FUNCTION {{obj:signal}}(p_name text, p_payload jsonb DEFAULT NULL,
+CREATE OR REPLACE FUNCTION {{obj:signal}}(p_name text, p_payload jsonb DEFAULT NULL,
                                p_tenant text DEFAULT NULL, p_ttl_s float8 DEFAULT 86400)
 RETURNS int
 LANGUAGE plpgsql
