@@ -250,10 +250,10 @@ static double wait_number(lua_State *L, const char *key, int positive, double hi
 /* leash.wait{children = true | ids = {...} | until = epoch_s | after = s | event = name,
    deadline = s,
    on_deadline = "retry"|"dead", message = m}: ends the execution waiting, the attempt given
-   back (sql/018_waits.sql). Exactly one condition; unknown fields and wrong types raise here,
+   back (sql/019_waits.sql). Exactly one condition; unknown fields and wrong types raise here,
    at the script's line: a typo must not wait for a day. The spec goes to the settle as JSON
    in the outcome's field spec. */
-#define WAIT_EVENT_MAX 200   /* sql/018_waits.sql's signals.name */
+#define WAIT_EVENT_MAX 200   /* sql/019_waits.sql's signals.name */
 
 static int l_wait(lua_State *L)
 {

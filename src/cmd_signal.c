@@ -1,5 +1,5 @@
 /* leash signal: an event for the tasks waiting in leash.wait{event = NAME}
-   (sql/018_waits.sql's <table>_signal: stored for --ttl, so a wait that starts later sees it). */
+   (sql/019_waits.sql's <table>_signal: stored for --ttl, so a wait that starts later sees it). */
 #include "commands.h"
 #include "migrate.h"
 
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SIGNAL_MAX_TTL_S 604800.0   /* 018: 0 to a week */
+#define SIGNAL_MAX_TTL_S 604800.0   /* 019: 0 to a week */
 
 static const char usage[] =
   "usage: leash signal NAME [--payload JSON] [--tenant T] [--ttl DURATION]\n\n"

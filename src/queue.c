@@ -617,7 +617,7 @@ int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker
 }
 
 /* queue_insert_sql with one more column, col, taken from the source's column of that name
-   (a child's parent_id: sql/018_waits.sql). */
+   (a child's parent_id: sql/019_waits.sql). */
 static char *insert_sql(const char *table, const char *source, const char *col)
 {
   /* The defaults of a task, applied to what the source leaves NULL: lifecycle.h's (the

@@ -60,7 +60,7 @@ static void backoff_agrees_with_the_grid_the_sql_wrote(void)
     printf("%d lines agree\n", lines);
 }
 
-/* The words the settle (sql/018_waits.sql) reads and the reaper writes for a wait, and
+/* The words the settle (sql/019_waits.sql) reads and the reaper writes for a wait, and
    leash.wait's bounds as the kit states them (scripts/lib/leash/testing.lua). */
 static void wait_has_its_kind_and_causes(void)
 {
@@ -70,7 +70,7 @@ static void wait_has_its_kind_and_causes(void)
   CHECK_INT_EQ(lifecycle_cause_is_crash(CAUSE_WAITING), 0);
   CHECK_INT_EQ(lifecycle_cause_is_crash(CAUSE_WAIT_DEADLINE), 0);
   CHECK(LIFECYCLE_WAIT_DEADLINE_S > 0 && LIFECYCLE_WAIT_DEADLINE_S <= LIFECYCLE_MAX_WAIT_S);
-  /* 018's SQL cuts deadlines and clock waits at 604800 s as well. */
+  /* 019's SQL cuts deadlines and clock waits at 604800 s as well. */
   CHECK(LIFECYCLE_MAX_WAIT_S == 604800.0);
 }
 

@@ -246,7 +246,7 @@ case_snoozes_match_in_both() {
   expect_record snooze_last status=pending attempts=7 cause=snoozed wait=30.000
 }
 
-# A wait (sql/018_waits.sql) in both: pending with the attempt given back, cause waiting, and
+# A wait (sql/019_waits.sql) in both: pending with the attempt given back, cause waiting, and
 # never counted as a snooze; a bad leash.wait is a script error that spends the attempt.
 case_waits_match_in_both() {
   compare wait_after wait_after 4 default 1 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Durable waits (issue #19, item 1; sql/018_waits.sql, README "Waits"): `return leash.wait{...}`
+# Durable waits (issue #19, item 1; sql/019_waits.sql, README "Waits"): `return leash.wait{...}`
 # gives the attempt and the slot back, the task is not claimable until what it waits for holds,
 # and its next execution sees it (leash.waited) with its steps kept. Every case runs the real
 # host against tests/fixtures/waits/wait.lua.

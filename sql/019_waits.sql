@@ -617,7 +617,7 @@ BEGIN
   )
   SELECT count(*) FILTER (WHERE was = 'pending'), count(*) FILTER (WHERE was = 'leased')
     INTO pending, leased FROM u;
-  -- A cancelled task may be the last one a waiter waits for (018).
+  -- A cancelled task may be the last one a waiter waits for (019).
   PERFORM {{obj:wait_wake}}(ids);
   -- A lane handed over has a new head: wake idle workers rather than wait for their poll.
   IF pending + leased > 0 THEN
