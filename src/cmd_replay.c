@@ -123,8 +123,13 @@ static void print_row(const json_t *row)
   change_key(row, key, sizeof key);
   if (strcmp(change, "outcome") == 0) {
     const char *e = json_string_value(json_object_get(to, "error"));
-    printf("task %lld: %s (%s%s%s)\n", id, key,
-           json_string_value(json_object_get(to, "cause")), e ? ": " : "", e ? e : "");
+    char res[160];
+    short_json(json_object_get(to, "result"), res, sizeof res);
+    if (e)   /* the new error says why; a success shows what it now gives */
+      printf("task %lld: %s (%s: %s)\n", id, key,
+             json_string_value(json_object_get(to, "cause")), e);
+    else
+      printf("task %lld: %s (result %s)\n", id, key, res);
   } else if (strcmp(change, "result") == 0) {
     char a[160], b[160];
     short_json(json_object_get(from, "result"), a, sizeof a);
@@ -370,8 +375,8 @@ int cmd_replay(struct cli *g, int argc, char **argv)
     else
       rc = cli_print_json(g, o);
   } else {
-    printf("replayed %lld tasks of batch %s in %.3f s (%.0f tasks/s): %lld same, %lld changed",
-           replayed, batch, secs, rate, same, changed);
+    printf("replayed %lld tasks of batch %s in %.3f s (%.*f tasks/s): %lld same, %lld changed",
+           replayed, batch, secs, rate < 10 ? 1 : 0, rate, same, changed);
     const char *k;
     json_t *v;
     int first = 1;

@@ -44,14 +44,17 @@ PY
   q "drop table replay_weights"
 }
 
-# variant NAME SED...: the grade script with the sed edits applied, as $T_TMP/NAME.lua.
-variant() {
-  local name=$1
-  shift
-  sed "$@" "$GRADE" >"$T_TMP/$name.lua"
-  cmp -s "$GRADE" "$T_TMP/$name.lua" && fail "variant $name: the edit changed nothing"
+# variant_of SCRIPT NAME SED...: SCRIPT with the sed edits applied, as $T_TMP/NAME.lua.
+variant_of() {
+  local script=$1 name=$2
+  shift 2
+  sed "$@" "$script" >"$T_TMP/$name.lua"
+  cmp -s "$script" "$T_TMP/$name.lua" && fail "variant $name: the edit changed nothing"
   printf '%s\n' "$T_TMP/$name.lua"
 }
+
+# variant NAME SED...: the grade script with the edits.
+variant() { variant_of "$GRADE" "$@"; }
 
 # ids_of CHANGE: the ids (comma-separated, ascending) the --json report in $T_OUT lists
 # with that change ("ok -> fatal", "result", "divergence"; an outcome change by its kinds).
@@ -148,6 +151,28 @@ case_a_script_that_makes_an_extra_http_call_reports_divergence_for_those_tasks()
   v5=$(variant v5 -e 's|  -- edit:extra|  if p.n == 3 then leash.db.query("SELECT 1") end|')
   expect_exit 0 "$LEASH" replay "$v5" --batch nightly --env-allow REPLAY_KEY
   assert_contains "a statement" "$(<"$T_OUT")" "task 3: divergence: leash.db.query: the statement is not in the recording: SELECT 1"
+}
+
+case_a_step_stored_by_an_earlier_attempt_is_given_back_and_a_child_gets_its_recorded_id() {
+  local steps=$LEASH_SRC/tests/fixtures/replay/steps.lua
+  run_setup
+  printf '{"payload":{"n":%d},"batch":"nightly","max_attempts":3}\n' 1 2 3 >"$T_TMP/jobs.jsonl"
+  enqueue_file "$T_TMP/jobs.jsonl" 3
+  timeout --foreground 120 "$LEASH" run "$steps" --until-empty --concurrency 1 --record all \
+    >"$T_TMP/run.out" 2>"$T_TMP/run.log" || fail "the recording run failed"
+  assert_eq "three parents, six children, all done" \
+    "$(q "select count(*) filter (where status = 'done') from agent_work_queue")" 9
+  assert_eq "the parents' latest recordings are of attempt 2, the step cached" \
+    "$(q "select string_agg(distinct (r.attempt || ' ' || (e->>'cached')), ',') from agent_work_queue_recordings r, jsonb_array_elements(r.body->'events') e where r.attempt = 2 and e->>'type' = 'step'")" "2 true"
+  expect_exit 0 "$LEASH" replay "$steps" --batch nightly --json
+  assert_eq "replayed: parents and children" "$(field replayed)" 9
+  assert_eq "the same: the step given back (not run again), each child's recorded id" "$(field same)" 9
+  # Two children where the recording has one: the second is a divergence.
+  local more
+  more=$(variant_of "$steps" more -e 's|  -- edit:more|  leash.enqueue { payload = { noop = true } }|')
+  expect_exit 0 "$LEASH" replay "$more" --batch nightly
+  assert_contains "a child not recorded" "$(<"$T_OUT")" "task 1: divergence: leash.enqueue: a child task the recording does not hold"
+  assert_contains "the parents only" "$(tail -1 "$T_OUT")" "6 same, 0 changed, 3 divergent"
 }
 
 case_bad_input_is_refused_with_one_line_and_exit_2() {
