@@ -268,8 +268,8 @@ int cmd_replay(struct cli *g, int argc, char **argv)
     goto done;
   }
   if (nrec == 0) {
-    rc = cli_data_error(g, "batch '%s' has %lld tasks and no recordings (record it with "
-                        "`leash run --record all`)", batch, ntasks);
+    rc = cli_data_error(g, "batch '%s': no recordings among its %lld task%s (record it with "
+                        "`leash run --record all`)", batch, ntasks, ntasks == 1 ? "" : "s");
     goto done;
   }
   skipped = ntasks - nrec;

@@ -153,13 +153,21 @@ case_a_script_that_makes_an_extra_http_call_reports_divergence_for_those_tasks()
   assert_contains "a statement" "$(<"$T_OUT")" "task 3: divergence: leash.db.query: the statement is not in the recording: SELECT 1"
 }
 
-case_a_step_stored_by_an_earlier_attempt_is_given_back_and_a_child_gets_its_recorded_id() {
-  local steps=$LEASH_SRC/tests/fixtures/replay/steps.lua
+STEPS=$LEASH_SRC/tests/fixtures/replay/steps.lua
+
+# record_steps: a fresh database, three tasks of batch "nightly" (and their six children)
+# run by steps.lua with --record all: one process, no HTTP.
+record_steps() {
   run_setup
   printf '{"payload":{"n":%d},"batch":"nightly","max_attempts":3}\n' 1 2 3 >"$T_TMP/jobs.jsonl"
   enqueue_file "$T_TMP/jobs.jsonl" 3
-  timeout --foreground 120 "$LEASH" run "$steps" --until-empty --concurrency 1 --record all \
+  timeout --foreground 120 "$LEASH" run "$STEPS" --until-empty --concurrency 1 --record all \
     >"$T_TMP/run.out" 2>"$T_TMP/run.log" || fail "the recording run failed"
+}
+
+case_a_step_stored_by_an_earlier_attempt_is_given_back_and_a_child_gets_its_recorded_id() {
+  local steps=$STEPS
+  record_steps
   assert_eq "three parents, six children, all done" \
     "$(q "select count(*) filter (where status = 'done') from agent_work_queue")" 9
   assert_eq "the parents' latest recordings are of attempt 2, the step cached" \
@@ -176,7 +184,7 @@ case_a_step_stored_by_an_earlier_attempt_is_given_back_and_a_child_gets_its_reco
 }
 
 case_bad_input_is_refused_with_one_line_and_exit_2() {
-  record_batch 3
+  record_steps
   echo 'return function( end' >"$T_TMP/syntax.lua"
   echo 'return 42' >"$T_TMP/contract.lua"
   printf '{"payload":{"n":1},"batch":"unrecorded"}\n' >"$T_TMP/unrecorded.jsonl"
@@ -209,7 +217,8 @@ two scripts|usage|$GRADE $GRADE --batch nightly
 a bad --env-allow name|usage|$GRADE --batch nightly --env-allow 1BAD
 EOF2
   expect_exit 2 "$LEASH" replay "$GRADE" --batch unrecorded
-  assert_contains "says how to record" "$(<"$T_ERR")" "no recordings (record it with \`leash run --record all\`)"
+  assert_contains "names the batch" "$(<"$T_ERR")" "batch 'unrecorded': no recordings among its 1 task ("
+  assert_contains "says how to record" "$(<"$T_ERR")" "(record it with \`leash run --record all\`)"
 }
 
 case_no_env_allow_value_appears_in_what_a_replay_prints() {
