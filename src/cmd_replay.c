@@ -208,9 +208,12 @@ int cmd_replay(struct cli *g, int argc, char **argv)
   rc = EXIT_OK;
   for (long i = 0; i < njobs && rc == EXIT_OK; i++) {
     struct job *j = &jobs[i];
+    /* run's default caps (--lua-memory, --max-result-bytes), so a result too big there is
+       too big here; 60 s a task, so a script stuck in a loop cannot stall the replay. */
     j->host = (struct script_host){
       .worker_id = "replay", .stopping = &stopping, .wake_mu = &mu, .wake_cv = &cv,
-      .task_timeout = 60, .memory_limit = 256u * 1024 * 1024, .lua_path = lua_path,
+      .task_timeout = 60, .memory_limit = 256u * 1024 * 1024,
+      .max_result_bytes = 16u * 1024 * 1024, .lua_path = lua_path,
       .nlua_path = nlua_path,
     };
     j->path = path;
