@@ -19,7 +19,8 @@
 
 static const char usage[] =
   "usage: leash replay NEW.lua --batch B [--tenant T] [--jobs N] [--json]\n"
-  "                    [--env-allow NAME[,NAME...]] [--lua-path DIR]...\n\n"
+  "                    [--env-allow NAME[,NAME...]] [--record-redact REGEX]...\n"
+  "                    [--lua-path DIR]...\n\n"
   "Runs the latest recording of every task of batch B (`leash run --record all`) through\n"
   "NEW.lua's handle in the worker's sandbox, offline: leash.http.request, leash.db.query,\n"
   "leash.step and leash.enqueue are answered from the recording; no network, no write. A\n"
@@ -36,10 +37,13 @@ static const char usage[] =
   "  --json                one JSON object: totals, changes by kind and the changed tasks\n"
   "  --env-allow NAME[,NAME...]  environment variables the script may read with leash.env\n"
   "                        (as for run; their values are redacted from what is printed)\n"
+  "  --record-redact REGEX  POSIX extended regex (repeatable), as given to run: matches are\n"
+  "                        redacted from what is printed, and from URLs and statements\n"
+  "                        before they are matched with the recording's\n"
   "  --lua-path DIR        folders require searches after the script's own (repeatable)\n\n";
 
 enum { OPT_BATCH = OPT_COMMAND_BASE, OPT_TENANT, OPT_JOBS, OPT_JSON, OPT_ENV_ALLOW,
-       OPT_LUA_PATH };
+       OPT_RECORD_REDACT, OPT_LUA_PATH };
 
 #define REPLAY_PAGE "500"   /* recordings fetched and replayed at a time */
 #define REPLAY_MAX_JOBS 64
@@ -152,6 +156,7 @@ int cmd_replay(struct cli *g, int argc, char **argv)
     { "jobs", required_argument, NULL, OPT_JOBS },
     { "json", no_argument, NULL, OPT_JSON },
     { "env-allow", required_argument, NULL, OPT_ENV_ALLOW },
+    { "record-redact", required_argument, NULL, OPT_RECORD_REDACT },
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
     { NULL, 0, NULL, 0 },
   };
@@ -174,6 +179,10 @@ int cmd_replay(struct cli *g, int argc, char **argv)
       break;
     case OPT_ENV_ALLOW:
       if (secrets_allow(optarg, err, sizeof err) != 0)
+        return cli_usage_error(g, "%s", err);
+      break;
+    case OPT_RECORD_REDACT:
+      if (record_add_pattern(optarg, err, sizeof err) != 0)
         return cli_usage_error(g, "%s", err);
       break;
     case OPT_LUA_PATH:

@@ -229,18 +229,21 @@ case_no_env_allow_value_appears_in_what_a_replay_prints() {
   local leaky
   leaky=$(variant leaky \
     -e 's/  -- edit:reject/  if g == 1 then return leash.fatal("rejected with key " .. leash.env.REPLAY_KEY) end/' \
-    -e 's/return leash.ok { grade = g, weight = rows\[1\].weight }/return leash.ok { grade = g, weight = rows[1].weight, key = g == 5 and leash.env.REPLAY_KEY or nil }/' \
+    -e 's/return leash.ok { grade = g, weight = rows\[1\].weight }/return leash.ok { grade = g, weight = rows[1].weight, key = g == 5 and leash.env.REPLAY_KEY or nil, tag = "case-4242" }/' \
     -e 's|  -- edit:extra|  if p.n == 3 then leash.http.request { url = p.url .. "/v1/models?key=" .. leash.env.REPLAY_KEY } end|')
   local out
   for out in "" --json; do
     # shellcheck disable=SC2086
-    expect_exit 0 "$LEASH" replay "$leaky" --batch nightly --env-allow REPLAY_KEY $out
+    expect_exit 0 "$LEASH" replay "$leaky" --batch nightly --env-allow REPLAY_KEY \
+      --record-redact 'case-[0-9]+' $out
     assert_not_contains "stdout $out" "$(<"$T_OUT")" "LEAKED"
     assert_not_contains "stderr $out" "$(<"$T_ERR")" "LEAKED"
+    assert_not_contains "a --record-redact match $out" "$(<"$T_OUT")" "case-4242"
     assert_contains "the divergence is there, redacted $out" "$(<"$T_OUT")" "/v1/models?key=[redacted]"
   done
   assert_contains "the error, redacted" "$(<"$T_OUT")" "rejected with key [redacted]"
   expect_exit 0 "$LEASH" replay "$leaky" --batch nightly --env-allow REPLAY_KEY
+  assert_contains "without the pattern the tag is data" "$(<"$T_OUT")" '"tag":"case-4242"'
   if q "select 1 from agent_work_queue where result->>'grade' = '5'" | grep -q 1; then
     assert_contains "the result, redacted" "$(<"$T_OUT")" '"key":"[redacted]"'
   fi
