@@ -420,6 +420,10 @@ static int l_step(lua_State *L)
       return 1;
     lua_pushvalue(L, 2);
     lua_call(L, 0, 1);
+    char *json = lua_isnil(L, -1) ? NULL : jsonlua_encode(L, -1, err, sizeof err);
+    if (!lua_isnil(L, -1) && !json)   /* what the real step would refuse to store */
+      return luaL_error(L, "leash.step: result of '%s' cannot be stored as JSON: %s", name, err);
+    free(json);
     return 1;
   }
   if (!h->sql)
