@@ -228,9 +228,9 @@ case_no_env_allow_value_appears_in_what_a_replay_prints() {
   # The key in an error, in a result and in a URL that diverges.
   local leaky
   leaky=$(variant leaky \
-    -e 's/  -- edit:reject/  if g == 1 then return leash.fatal("rejected with key " .. leash.env.REPLAY_KEY) end/' \
-    -e 's/return leash.ok { grade = g, weight = rows\[1\].weight }/return leash.ok { grade = g, weight = rows[1].weight, key = g == 5 and leash.env.REPLAY_KEY or nil, tag = "case-4242" }/' \
-    -e 's|  -- edit:extra|  if p.n == 3 then leash.http.request { url = p.url .. "/v1/models?key=" .. leash.env.REPLAY_KEY } end|')
+    -e 's/  -- edit:reject/  if g == 1 then return leash.fatal("rejected with key " .. leash.env("REPLAY_KEY")) end/' \
+    -e 's/return leash.ok { grade = g, weight = rows\[1\].weight }/return leash.ok { grade = g, weight = rows[1].weight, key = g == 5 and leash.env("REPLAY_KEY") or nil, tag = "case-4242" }/' \
+    -e 's|  -- edit:extra|  if p.n == 3 then leash.http.request { url = p.url .. "/v1/models?key=" .. leash.env("REPLAY_KEY") } end|')
   local out
   for out in "" --json; do
     # shellcheck disable=SC2086
