@@ -18,6 +18,7 @@ int cmd_requeue(struct cli *g, int argc, char **argv);
 int cmd_inspect(struct cli *g, int argc, char **argv);
 int cmd_prune(struct cli *g, int argc, char **argv);
 int cmd_fixture(struct cli *g, int argc, char **argv);
+int cmd_replay(struct cli *g, int argc, char **argv);
 int cmd_tenant(struct cli *g, int argc, char **argv);
 int cmd_budget(struct cli *g, int argc, char **argv);
 int cmd_pause(struct cli *g, int argc, char **argv);

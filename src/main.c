@@ -31,6 +31,7 @@ static const struct command commands[] = {
   { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
   { "dashboard", cmd_dashboard, "a web dashboard of the queue: batches, charts, workers, actions" },
   { "fixture", cmd_fixture, "a dead task's recording as a busted spec and its fixture" },
+  { "replay", cmd_replay, "a batch's recordings run through a new script offline: what changes" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
   { "run", cmd_run, "run the worker host with a Lua script" },
   { "check", cmd_check, "load a Lua script as run would and report errors" },
