@@ -244,3 +244,35 @@ static void apply_decision(struct canary *c, PGresult *r)
     atomic_fetch_add(&cfg->counters->canary_rollbacks, 1);
   c->active = 0;
 }
+
+char *canary_status_json(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  char *tbl = db_table_object(t, c, "canaries", 1);
+  char *fn = db_table_object(t, c, "canary_numbers", 1);
+  char *sql = tbl && fn ? malloc(strlen(tbl) + strlen(fn) + 1024) : NULL;
+  if (!sql) {
+    snprintf(err, errlen, "out of memory");
+    free(tbl);
+    free(fn);
+    return NULL;
+  }
+  sprintf(sql,
+          "SELECT coalesce((SELECT jsonb_build_object('id', id, 'state', state, "
+          "  'version', version, 'label', label, 'script_name', script_name, 'share', share, "
+          "  'min_tasks', min_tasks, 'max_fatal_rate_delta', max_fail_delta, "
+          "  'max_retry_rate_delta', max_retry_delta, 'auto_promote', auto_promote, "
+          "  'started_at', started_at, 'started_by', started_by, 'decided_at', decided_at, "
+          "  'decided_by', decided_by, 'given_back', given_back, "
+          "  'numbers', CASE WHEN state = 'running' THEN %s(id) ELSE decision END) "
+          "  FROM %s ORDER BY (state = 'running') DESC, id DESC LIMIT 1), 'null')::text",
+          fn, tbl);
+  free(tbl);
+  free(fn);
+  PGresult *r = db_exec(c, sql, 0, NULL, err, errlen);
+  free(sql);
+  char *out = r ? strdup(PQgetvalue(r, 0, 0)) : NULL;
+  if (r && !out)
+    snprintf(err, errlen, "out of memory");
+  PQclear(r);
+  return out;
+}

@@ -45,4 +45,9 @@ void canary_stop(struct canary *c);
    new canary picks other tasks, every pod agrees and a retried task keeps its version. */
 int canary_picks(int64_t id, long long canary_id, int share);
 
+/* The table's canary for people (leash canary status, leash status): the running one, else
+   the latest, as one JSON object (malloc'd text; "null" when there is none), its numbers
+   computed now while it runs, those it was decided on after. NULL with err. */
+char *canary_status_json(PGconn *c, const struct db_table *t, char *err, size_t errlen);
+
 #endif

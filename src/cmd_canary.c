@@ -1,9 +1,11 @@
 /* leash canary: start, watch, promote, roll back or abort the table's canary (sql/019). */
+#include "canary.h"
 #include "commands.h"
 #include "migrate.h"
 #include "script.h"
 #include "secrets.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -243,63 +245,39 @@ static int canary_start_cmd(struct cli *g, PGconn *c, const struct db_table *t,
 
 static int canary_status_cmd(struct cli *g, PGconn *c, const struct db_table *t, int json)
 {
-  char *tbl = db_table_object(t, c, "canaries", 1);
-  char *fn = db_table_object(t, c, "canary_numbers", 1);
-  if (!tbl || !fn) {
-    free(tbl);
-    free(fn);
-    return cli_runtime_error(g, "out of memory");
-  }
-  char sql[1400];
-  /* A running canary's numbers are computed now; a decided one's are those it was decided on. */
-  snprintf(sql, sizeof sql,
-           "SELECT jsonb_build_object('id', id, 'state', state, 'version', version, "
-           " 'label', label, 'script_name', script_name, 'share', share, "
-           " 'min_tasks', min_tasks, 'max_fatal_rate_delta', max_fail_delta, "
-           " 'max_retry_rate_delta', max_retry_delta, 'auto_promote', auto_promote, "
-           " 'started_at', started_at, 'started_by', started_by, 'decided_at', decided_at, "
-           " 'decided_by', decided_by, 'given_back', given_back, "
-           " 'numbers', CASE WHEN state = 'running' THEN %s(id) ELSE decision END)::text "
-           "FROM %s ORDER BY (state = 'running') DESC, id DESC LIMIT 1", fn, tbl);
-  free(tbl);
-  free(fn);
   char err[DB_ERR_MAX];
-  PGresult *r = db_exec(c, sql, 0, NULL, err, sizeof err);
-  if (!r)
+  char *text = canary_status_json(c, t, err, sizeof err);
+  if (!text)
     return cli_runtime_error(g, "%s", err);
   if (json) {
-    printf("%s\n", PQntuples(r) ? PQgetvalue(r, 0, 0) : "null");
-    PQclear(r);
+    printf("%s\n", text);
+    free(text);
     return EXIT_OK;
   }
-  PQclear(r);
-  /* The text form: the same row, column by column. */
-  tbl = db_table_object(t, c, "canaries", 1);
-  fn = db_table_object(t, c, "canary_numbers", 1);
-  snprintf(sql, sizeof sql,
-           "SELECT id, state, version, script_name, share, min_tasks, started_at, "
-           " coalesce(decided_at::text, '-'), coalesce(decided_by, '-'), given_back, "
-           " n->>'verdict', n->>'reason' "
-           "FROM (SELECT *, CASE WHEN state = 'running' THEN %s(id) ELSE decision END AS n "
-           "      FROM %s ORDER BY (state = 'running') DESC, id DESC LIMIT 1) x",
-           fn ? fn : "", tbl ? tbl : "");
-  free(tbl);
-  free(fn);
-  r = db_exec(c, sql, 0, NULL, err, sizeof err);
-  if (!r)
-    return cli_runtime_error(g, "%s", err);
-  if (PQntuples(r) == 0)
+  json_t *o = json_loads(text, 0, NULL);
+  free(text);
+  if (!json_is_object(o)) {
     printf("no canary\n");
-  else
-    printf("canary %s: %s\n  version    %s (%s)\n  share      %s%%, min %s executions\n"
-           "  started    %s\n  decided    %s by %s\n  given back %s tasks\n"
-           "  verdict    %s: %s\n",
-           PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3),
-           PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 5), PQgetvalue(r, 0, 6), PQgetvalue(r, 0, 7),
-           PQgetvalue(r, 0, 8), PQgetvalue(r, 0, 9),
-           PQgetisnull(r, 0, 10) ? "-" : PQgetvalue(r, 0, 10),
-           PQgetisnull(r, 0, 11) ? "-" : PQgetvalue(r, 0, 11));
-  PQclear(r);
+    json_decref(o);
+    return EXIT_OK;
+  }
+  json_t *n = json_object_get(o, "numbers");
+#define S(obj, k) (json_is_string(json_object_get(obj, k)) ? json_string_value(json_object_get(obj, k)) : "-")
+#define I(obj, k) ((long long)json_integer_value(json_object_get(obj, k)))
+  printf("canary %lld: %s\n  version    %s (%s)\n  share      %lld%%, min %lld executions, %s\n"
+         "  started    %s by %s\n  decided    %s by %s\n  given back %lld tasks\n"
+         "  candidate  %lld executions, %lld failed, %lld retried\n"
+         "  current    %lld executions, %lld failed, %lld retried\n  verdict    %s: %s\n",
+         I(o, "id"), S(o, "state"), S(o, "version"), S(o, "script_name"), I(o, "share"),
+         I(o, "min_tasks"), json_is_true(json_object_get(o, "auto_promote")) ? "auto-promote"
+                                                                            : "wait-promote",
+         S(o, "started_at"), S(o, "started_by"), S(o, "decided_at"), S(o, "decided_by"),
+         I(o, "given_back"), I(n, "candidate_executions"), I(n, "candidate_failed"),
+         I(n, "candidate_retried"), I(n, "current_executions"), I(n, "current_failed"),
+         I(n, "current_retried"), S(n, "verdict"), S(n, "reason"));
+#undef S
+#undef I
+  json_decref(o);
   return EXIT_OK;
 }
 

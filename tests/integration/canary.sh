@@ -139,7 +139,7 @@ case_rollback_by_hand_gives_the_failed_attempts_back_and_promote_by_hand_switche
   assert_eq "each ran once more, as attempt 1 again" \
     "$(q "select count(*) from agent_work_queue where attempts = 1 and result->>'version' = 'current'
             and id > 10")" 12
-  wait_for "the worker to apply the rollback" 30 log_has W1 "canary 1 rolled_back by $USER: by hand: $USER"
+  wait_for "the worker to apply the rollback" 30 log_has W1 "canary 1 rolled_back by ${USER:-unknown}: by hand: ${USER:-unknown}"
   expect_exit 2 "$LEASH" canary rollback
   assert_eq "a second rollback: nothing runs" "$(<"$T_ERR")" "leash canary: no canary is running on this table"
 
@@ -147,7 +147,7 @@ case_rollback_by_hand_gives_the_failed_attempts_back_and_promote_by_hand_switche
   wait_for "the worker to run canary 2" 60 all_adopted 1 2
   expect_exit 0 "$LEASH" canary promote
   assert_eq "promote by hand" "$(<"$T_OUT")" "canary 2 promoted"
-  wait_for "the worker to apply it" 30 log_has W1 "canary 2 promoted by $USER"
+  wait_for "the worker to apply it" 30 log_has W1 "canary 2 promoted by ${USER:-unknown}"
   tasks 10 '{}' | "$LEASH" enqueue --file - >/dev/null || fail "enqueue failed"
   wait_for "the new tasks" 60 all_done
   assert_eq "after the promotion every task runs the candidate" \
