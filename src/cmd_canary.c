@@ -29,7 +29,7 @@ static const char usage[] =
   "lost) and retry rate against the current version's since the start, each by a one-sided\n"
   "two-proportion z-test: before min-tasks candidate executions a rollback needs z > 3.09\n"
   "(p < 0.001, at least 20 executions each side), from min-tasks on z > 2.326 (p < 0.01), and\n"
-  "the rate difference above its --max-*-delta. A candidate not worse after min-tasks is\n"
+  "the rate difference above its threshold (below). A candidate not worse after min-tasks is\n"
   "promoted (--auto-promote, the default) or waits for `leash canary promote`. A rollback gives\n"
   "the tasks whose last attempt failed on the candidate that attempt back: pending again, so\n"
   "they run on the current version. abort drops the candidate and gives nothing back.\n\n"
