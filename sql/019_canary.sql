@@ -11,12 +11,14 @@
 --
 -- The verdict is taken here, by whichever process's poll first takes the running row's lock
 -- (FOR UPDATE SKIP LOCKED: the others read the decided row on their next poll), so the whole
--- fleet has one verdict, stored with its numbers in `decision`. The test, over the attempt
--- history (sql/016) since the canary started: candidate = attempts whose version is the
--- candidate's; current = the other attempts that ran a script; snoozes are not executions
--- that ended and are left out. Two rates each: failed (fatal, crashed or lost: kind dead,
+-- fleet has one verdict, stored with its numbers in `decision`. One look a second at most
+-- (looked_at), since a look counts every attempt since the canary started.
+--
+-- The test, over the attempt history (sql/016) since the canary started: candidate =
+-- attempts whose version is the candidate's; current = the other attempts that ran a
+-- script; snoozes are not executions that ended and are left out. Two rates each: failed (fatal, crashed or lost: kind dead,
 -- crashed, or kind lost) and retried (kind retry, not crashed). Each is compared with a
--- one-sided two-proportion z-test (pooled variance). Evidence is looked at on every poll, so
+-- one-sided two-proportion z-test (pooled variance). Evidence is looked at every second, so
 -- a group-sequential boundary keeps repeated looks from inflating false rollbacks (the
 -- Haybittle-Peto rule): before min_tasks, a rollback needs z > 3.09 (p < 0.001) on at least
 -- 20 candidate and 20 current executions; from min_tasks on, z > 2.326 (p < 0.01). Either
@@ -53,6 +55,7 @@ CREATE TABLE IF NOT EXISTS {{obj:canaries}} (
   decided_at      timestamptz,
   decided_by      text,                        -- 'auto' or who ran the command
   decision        jsonb,                       -- the numbers (latest look while running)
+  looked_at       timestamptz,                 -- the latest look (at most one a second)
   given_back      bigint NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS {{name:canaries_one_running}}
@@ -65,9 +68,11 @@ CREATE TABLE IF NOT EXISTS {{obj:canary_givebacks}} (
   PRIMARY KEY (task_id, lease_token)
 );
 
--- The verdict and the give-back read a version's attempts since a time.
+-- The give-back reads a version's attempts since a time, the verdict all attempts since one.
 CREATE INDEX IF NOT EXISTS {{name:attempts_version_idx}}
   ON {{obj:attempts}} (version, finished_at);
+CREATE INDEX IF NOT EXISTS {{name:attempts_finished_idx}}
+  ON {{obj:attempts}} (finished_at);
 
 -- The numbers of the test above, for canary c (a jsonb object; verdict 'rollback',
 -- 'passed' or 'undecided', reason in words).
@@ -190,7 +195,10 @@ DECLARE
   r record;
 BEGIN
   IF p_decide THEN
-    SELECT * INTO c FROM {{obj:canaries}} WHERE state = 'running' FOR UPDATE SKIP LOCKED;
+    -- One look a second for the whole fleet: the count reads every attempt since the start.
+    SELECT * INTO c FROM {{obj:canaries}}
+     WHERE state = 'running' AND coalesce(looked_at, '-infinity') < now() - interval '1 second'
+       FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
       d := {{obj:canary_numbers}}(c.id);
       IF d->>'verdict' = 'rollback' THEN
@@ -202,6 +210,7 @@ BEGIN
       ELSE
         UPDATE {{obj:canaries}} SET decision = d WHERE id = c.id;
       END IF;
+      UPDATE {{obj:canaries}} SET looked_at = now() WHERE id = c.id;
     END IF;
   END IF;
   FOR r IN SELECT id FROM {{obj:canaries}}
