@@ -262,7 +262,8 @@ static int canary_status_cmd(struct cli *g, PGconn *c, const struct db_table *t,
     return EXIT_OK;
   }
   json_t *n = json_object_get(o, "numbers");
-#define S(obj, k) (json_is_string(json_object_get(obj, k)) ? json_string_value(json_object_get(obj, k)) : "-")
+#define S(obj, k) \
+  (json_is_string(json_object_get(obj, k)) ? json_string_value(json_object_get(obj, k)) : "-")
 #define I(obj, k) ((long long)json_integer_value(json_object_get(obj, k)))
   printf("canary %lld: %s\n  version    %s (%s)\n  share      %lld%%, min %lld executions, %s\n"
          "  started    %s by %s\n  decided    %s by %s\n  given back %lld tasks\n"
