@@ -14,18 +14,18 @@
 -- fleet has one verdict, stored with its numbers in `decision`. One look a second at most
 -- (looked_at), since a look counts every attempt since the canary started.
 --
--- The test, over the attempt history (sql/016) since the canary started: candidate =
--- attempts whose version is the candidate's; current = the other attempts that ran a
--- script; snoozes are not executions that ended and are left out. Two rates each: failed
--- (fatal, crashed or lost: kind dead, crashed, or kind lost) and retried (kind retry, not
--- crashed). Each is compared with a one-sided two-proportion z-test (pooled variance).
--- Evidence is looked at every second, so a group-sequential boundary keeps repeated looks
--- from inflating false rollbacks (the Haybittle-Peto rule): before min_tasks, a rollback needs z > 3.09 (p < 0.001) on at least
--- 20 candidate and 20 current executions; from min_tasks on, z > 2.326 (p < 0.01). Either
--- way the rate difference must also exceed its threshold (max_fail_delta, max_retry_delta),
--- so a significant but tiny difference does not roll back. A candidate with min_tasks
--- executions that is not rolled back passes: promoted when auto_promote, else it stays
--- running with decision.verdict = 'passed' until `leash canary promote`. A 30%-failing
+-- The test, over the attempt history (sql/016) since the canary started: candidate = attempts
+-- whose version is the candidate's; current = the other attempts that ran a script; snoozes
+-- are not executions that ended and are left out. Two rates each: failed (fatal, crashed or
+-- lost: kind dead, crashed, or kind lost) and retried (kind retry, not crashed). Each is
+-- compared with a one-sided two-proportion z-test (pooled variance). Evidence is looked at
+-- every second, so a group-sequential boundary keeps repeated looks from inflating false
+-- rollbacks (the Haybittle-Peto rule): before min_tasks, a rollback needs z > 3.09 (p < 0.001)
+-- on at least 20 candidate and 20 current executions; from min_tasks on, z > 2.326 (p < 0.01).
+-- Either way the rate difference must also exceed its threshold (max_fail_delta,
+-- max_retry_delta), so a significant but tiny difference does not roll back. A candidate with
+-- min_tasks executions that is not rolled back passes: promoted when auto_promote, else it
+-- stays running with decision.verdict = 'passed' until `leash canary promote`. A 30%-failing
 -- candidate against a healthy current version crosses the early boundary at about 40
 -- executions with an even share, and at 20 with a 10% share (the current side is larger).
 --
