@@ -157,6 +157,9 @@ case_rollback_by_hand_gives_the_failed_attempts_back_and_promote_by_hand_switche
   assert_contains "rollbacks counted" "$m" "leash_canary_rollbacks_total 1"
   assert_contains "promotions counted" "$m" "leash_canary_promotions_total 1"
   assert_contains "no share while none runs" "$m" "leash_canary_share 0"
+  # Stopped here, so that a leak report at exit (the candidate's states) is seen.
+  kill -TERM "${W_PID[W1]}"
+  assert_worker_exit W1 60 0
   assert_no_sanitizer_reports
 }
 
