@@ -149,6 +149,11 @@ static void poll_once(struct canary *c)
       adopt(c, r);
     else if (strcmp(state, "running") != 0 && id == c->active)
       apply_decision(c, r);
+    else if (strcmp(state, "running") != 0 && id == c->refused) {
+      log_warn("canary %lld %s by %s (this process had refused it and keeps its version)", id,
+               state, PQgetvalue(r, 0, C_BY));
+      c->refused = 0;
+    }
     else if (c->first && strcmp(state, "promoted") == 0) {
       /* A process started after a promotion runs its file: say so when they differ. */
       pthread_mutex_lock(cfg->mu);

@@ -163,6 +163,23 @@ case_rollback_by_hand_gives_the_failed_attempts_back_and_promote_by_hand_switche
   assert_no_sanitizer_reports
 }
 
+case_a_candidate_whose_modules_load_as_another_version_in_the_worker_is_refused_there() {
+  run_setup
+  start_worker W1 "$CF/current.lua" --concurrency 2 --poll-ms 10-50
+  expect_exit 0 "$LEASH" canary start "$CF/elsewhere/next.lua" --share 100
+  wait_for "the worker to refuse it" 60 log_has W1 "canary 1 refused, slots keep version"
+  assert_contains "and say why" "$(worker_log W1)" "put the candidate beside the running script"
+  tasks 10 '{}' | "$LEASH" enqueue --file - >/dev/null || fail "enqueue failed"
+  wait_for "the tasks" 60 all_done
+  assert_eq "every task ran the current version" \
+    "$(q "select count(*) from agent_work_queue where result->>'version' = 'current'")" 10
+  expect_exit 0 "$LEASH" canary abort
+  wait_for "the abort to be seen" 30 q_true "select state = 'aborted' from $C"
+  kill -TERM "${W_PID[W1]}"
+  assert_worker_exit W1 60 0
+  assert_no_sanitizer_reports
+}
+
 # bad_start CASE_NAME WANT_TEXT ARGS...: exit 2, one error line on stderr (a usage error
 # adds the house's "Try 'leash canary --help'." hint).
 bad_start() {
@@ -200,7 +217,14 @@ case_bad_input_is_refused_with_one_line_and_exit_2() {
   assert_eq "nothing was stored" "$(q "select count(*) from $C")" 0
   expect_exit 0 "$LEASH" canary status
   assert_eq "status with none" "$(<"$T_OUT")" "no canary"
+  expect_exit 0 "$LEASH" status --json
+  assert_eq "status --json without a canary" "$(jq -c '.canary' "$T_OUT")" null
   expect_exit 0 "$LEASH" canary start "$CF/healthy.lua" --share 10
+  expect_exit 0 "$LEASH" status
+  assert_contains "status names the running canary" "$(<"$T_OUT")" "canary   1 running: 10% of tasks on"
+  expect_exit 0 "$LEASH" status --json
+  assert_eq "status --json: the canary field" \
+    "$(jq -c '[.canary.state, .canary.share, .canary.numbers.verdict]' "$T_OUT")" '["running",10,"undecided"]'
   bad_start "start while one runs" "a canary is already running" start "$CF/failing.lua" --share 10
   expect_exit 0 "$LEASH" canary abort
   assert_eq "abort" "$(<"$T_OUT")" "canary 1 aborted"
