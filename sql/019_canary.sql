@@ -23,11 +23,13 @@
 -- rollbacks (the Haybittle-Peto rule): before min_tasks, a rollback needs z > 3.09 (p < 0.001)
 -- on at least 20 candidate and 20 current executions; from min_tasks on, z > 2.326 (p < 0.01).
 -- Either way the rate difference must also exceed its threshold (max_fail_delta,
--- max_retry_delta), so a significant but tiny difference does not roll back. A candidate with
--- min_tasks executions that is not rolled back passes: promoted when auto_promote, else it
--- stays running with decision.verdict = 'passed' until `leash canary promote`. A 30%-failing
--- candidate against a healthy current version crosses the early boundary at about 40
--- executions with an even share, and at 20 with a 10% share (the current side is larger).
+-- max_retry_delta), so a significant but tiny difference does not roll back. The two taken
+-- together (failed or retried, against the larger threshold) are tested as well: a candidate
+-- that fails a third of its tasks, some fatal and some retried, is caught sooner. A candidate
+-- with min_tasks executions that is not rolled back passes: promoted when auto_promote, else
+-- it stays running with decision.verdict = 'passed' until `leash canary promote`. A
+-- 30%-failing candidate against a healthy current version crosses the early boundary at about
+-- 40 executions with an even share, and at 20 with a 10% share (the current side is larger).
 --
 -- The give-back (<table>_canary_give_back): for a rolled-back canary, every task whose LAST
 -- attempt ran the candidate and ended retry, dead or lost, and that is now pending or dead
@@ -81,7 +83,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
   c {{obj:canaries}};
   n1 bigint; f1 bigint; r1 bigint; n0 bigint; f0 bigint; r0 bigint;
-  zf float8; zr float8; crit float8; pf1 float8; pf0 float8; pr1 float8; pr0 float8;
+  zf float8; zr float8; zb float8; crit float8; pf1 float8; pf0 float8; pr1 float8; pr0 float8;
   verdict text := 'undecided'; reason text;
 BEGIN
   SELECT * INTO c FROM {{obj:canaries}} WHERE id = p_id;
@@ -102,6 +104,7 @@ BEGIN
   pr0 := CASE WHEN n0 > 0 THEN r0::float8 / n0 ELSE 0 END;
   zf := {{obj:canary_z}}(f1, n1, f0, n0);
   zr := {{obj:canary_z}}(r1, n1, r0, n0);
+  zb := {{obj:canary_z}}(f1 + r1, n1, f0 + r0, n0);
   crit := CASE WHEN n1 >= c.min_tasks THEN 2.326 ELSE 3.09 END;
   IF n1 >= 20 AND n0 >= 20 AND zf > crit AND pf1 - pf0 > c.max_fail_delta THEN
     verdict := 'rollback';
@@ -111,6 +114,12 @@ BEGIN
     verdict := 'rollback';
     reason := format('retry rate %s%% vs %s%% (z %s > %s)', round((pr1 * 100)::numeric, 1),
                      round((pr0 * 100)::numeric, 1), round(zr::numeric, 2), crit);
+  ELSIF n1 >= 20 AND n0 >= 20 AND zb > crit
+        AND pf1 + pr1 - pf0 - pr0 > greatest(c.max_fail_delta, c.max_retry_delta) THEN
+    verdict := 'rollback';
+    reason := format('failure or retry rate %s%% vs %s%% (z %s > %s)',
+                     round(((pf1 + pr1) * 100)::numeric, 1), round(((pf0 + pr0) * 100)::numeric, 1),
+                     round(zb::numeric, 2), crit);
   ELSIF n1 >= c.min_tasks AND n0 >= 20 THEN
     verdict := 'passed';
     reason := format('%s executions, not worse: failure %s%% vs %s%%, retry %s%% vs %s%%', n1,
@@ -124,7 +133,8 @@ BEGIN
     'verdict', verdict, 'reason', reason, 'candidate_executions', n1,
     'candidate_failed', f1, 'candidate_retried', r1, 'current_executions', n0,
     'current_failed', f0, 'current_retried', r0, 'z_failed', round(zf::numeric, 3),
-    'z_retried', round(zr::numeric, 3), 'critical_z', crit, 'test',
+    'z_retried', round(zr::numeric, 3), 'z_failed_or_retried', round(zb::numeric, 3),
+    'critical_z', crit, 'test',
     'one-sided two-proportion z-test, Haybittle-Peto: z > 3.09 before min_tasks, 2.326 from it');
 END $$;
 
