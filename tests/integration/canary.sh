@@ -101,12 +101,12 @@ case_a_healthy_candidate_is_promoted_and_every_process_then_runs_it_at_about_its
   assert_eq "W3 logs W1's verdict" "$(verdict_line W3 1 promoted)" "$(verdict_line W1 1 promoted)"
   # The share, over the tasks the canary saw (claimed between its start and its decision).
   local share
-  share=$(q "select round(100.0 * count(*) filter (where version = '$next') / count(*))
-               from $A, $C where claimed_at > started_at and finished_at < decided_at")
+  share=$(q "select round(100.0 * count(*) filter (where a.version = '$next') / count(*))
+               from $A a, $C c where a.claimed_at > c.started_at and a.finished_at < c.decided_at")
   ((share >= 8 && share <= 32)) || fail "candidate's share of executions: ${share}%, want about 20%"
   assert_eq "each task ran on one version only during the canary" \
-    "$(q "select count(*) from (select task_id from $A, $C where claimed_at < decided_at
-            group by task_id having count(distinct version) > 1) x")" 0
+    "$(q "select count(*) from (select a.task_id from $A a, $C c where a.claimed_at < c.decided_at
+            group by a.task_id having count(distinct a.version) > 1) x")" 0
   local mark
   mark=$(q "select max(id) from agent_work_queue")
   tasks 60 '{}' | "$LEASH" enqueue --file - >/dev/null || fail "enqueue failed"
