@@ -27,6 +27,7 @@ int cmd_resume(struct cli *g, int argc, char **argv);
 int cmd_cancel(struct cli *g, int argc, char **argv);
 int cmd_release(struct cli *g, int argc, char **argv);
 int cmd_dashboard(struct cli *g, int argc, char **argv);
+int cmd_canary(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */
 extern const char cli_global_help[];

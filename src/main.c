@@ -30,6 +30,7 @@ static const struct command commands[] = {
   { "cancel", cmd_cancel, "end pending and running tasks dead (--id N, --batch B, --tenant T)" },
   { "release", cmd_release, "give back the leases of a worker that is gone (--worker W)" },
   { "dashboard", cmd_dashboard, "a web dashboard of the queue: batches, charts, workers, actions" },
+  { "canary", cmd_canary, "run a candidate script for a share of tasks; promote or roll back" },
   { "fixture", cmd_fixture, "a dead task's recording as a busted spec and its fixture" },
   { "replay", cmd_replay, "a batch's recordings run through a new script offline: what changes" },
   { "prune", cmd_prune, "delete old done/dead tasks in small chunks" },
