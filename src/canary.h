@@ -1,5 +1,5 @@
 /*
- * canary: each `leash run` follows the table's canary (sql/019_canary.sql). A thread polls
+ * canary: each `leash run` follows the table's canary (sql/018_canary.sql). A thread polls
  * <table>_canary_poll every CANARY_POLL_S: that call may take the fleet's one verdict (the
  * first process to lock the running row does) and keeps giving back the failed attempts of a
  * recent rollback. A new running canary's text is loaded once as a probe (its modules from

@@ -1,4 +1,4 @@
-/* leash canary: start, watch, promote, roll back or abort the table's canary (sql/019). */
+/* leash canary: start, watch, promote, roll back or abort the table's canary (sql/018). */
 #include "canary.h"
 #include "commands.h"
 #include "migrate.h"

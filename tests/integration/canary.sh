@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Canary roll-out (issue #16, item 2; sql/019_canary.sql, src/canary.c, src/cmd_canary.c,
+# Canary roll-out (issue #16, item 2; sql/018_canary.sql, src/canary.c, src/cmd_canary.c,
 # README "Nightly workflow"): a candidate stored in the database runs for a share of tasks on
 # every `leash run`; one verdict for the fleet from the attempt history; a rollback gives the
 # failed attempts back, a promotion moves every process to the candidate.
