@@ -177,6 +177,8 @@ static const char by_version_fmt[] =
 
 static void print_text(const json_t *r, FILE *out);
 static void print_versions(const json_t *r, FILE *out);
+static int print_result(PGresult *res, int as_json, void (*text)(const json_t *, FILE *),
+                        FILE *out, char *err, size_t errlen);
 static json_int_t get_int(const json_t *o, const char *key);
 static void print_seconds(FILE *out, const char *label, const json_t *v);
 
@@ -196,24 +198,7 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
   PGresult *res = db_exec(c, sql, 3, params, err, errlen);
   if (!res)
     return -1;
-  json_error_t je;
-  json_t *r = json_loads(PQgetvalue(res, 0, 0), 0, &je);
-  PQclear(res);
-  if (!r) {
-    snprintf(err, errlen, "report: unreadable JSON from the server: %s", je.text);
-    return -1;
-  }
-  if (as_json) {
-    char *s = json_dumps(r, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
-    if (s)
-      fprintf(out, "%s\n", s);
-    free(s);
-  } else {
-    print_text(r, out);
-  }
-  fflush(out);
-  json_decref(r);
-  return 0;
+  return print_result(res, as_json, print_text, out, err, errlen);
 }
 
 int report_print_by_version(PGconn *c, const struct db_table *t, const char *tenants,
@@ -237,6 +222,14 @@ int report_print_by_version(PGconn *c, const struct db_table *t, const char *ten
   free(sql);
   if (!res)
     return -1;
+  return print_result(res, as_json, print_versions, out, err, errlen);
+}
+
+/* Both reports' server answer is one JSON value: printed as it is for --json, else by text.
+   Takes res (cleared here). */
+static int print_result(PGresult *res, int as_json, void (*text)(const json_t *, FILE *),
+                        FILE *out, char *err, size_t errlen)
+{
   json_error_t je;
   json_t *r = json_loads(PQgetvalue(res, 0, 0), 0, &je);
   PQclear(res);
@@ -250,7 +243,7 @@ int report_print_by_version(PGconn *c, const struct db_table *t, const char *ten
       fprintf(out, "%s\n", s);
     free(s);
   } else {
-    print_versions(r, out);
+    text(r, out);
   }
   fflush(out);
   json_decref(r);
