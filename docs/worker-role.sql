@@ -23,6 +23,10 @@ GRANT SELECT ON agent_work_queue_prices TO leash_worker;
 GRANT SELECT, INSERT ON agent_work_queue_attempts TO leash_worker;
 -- Waits (019): the settle and leash.waited read the signals; `leash signal` writes them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON agent_work_queue_signals TO leash_worker;
+-- The canary (018): every worker and `status` read it; the poll that takes the fleet's
+-- verdict writes it and the attempts it gives back.
+GRANT SELECT, UPDATE ON agent_work_queue_canaries TO leash_worker;
+GRANT SELECT, INSERT ON agent_work_queue_canary_givebacks TO leash_worker;
 -- An application role that only enqueues (docs/enqueue-from-apps.md) needs SELECT, INSERT on
 -- the table and USAGE on its id sequence; <table>_enqueue and _enqueue_many run as it.
 -- `leash cancel` and `leash release` need UPDATE (granted above) and run as any of these.
@@ -31,7 +35,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON agent_work_queue_signals TO leash_worker
 -- _enqueue, _enqueue_many, _enqueue_check, _enqueue_row, _dedup_lock, _defaults, _cancel,
 -- _release_worker, _worker_here, _worker_sessions, _worker_key, 012's _backoff, 013's _held,
 -- _hold, _unhold, _holds_expire, _heads_park, 014's _budget_grant, _budget_settle,
--- _budget_pause, _budget_resume, _spend_add, _spend_cap, 019's _wait_wakes_at,
--- _wait_lock_key, _wait_wake, _wait_expire, _wait_event_lock, _wait_events, _signal) are SECURITY INVOKER and
+-- _budget_pause, _budget_resume, _spend_add, _spend_cap, 018's _canary_poll, _canary_numbers,
+-- _canary_give_back, _canary_z, 019's _wait_wakes_at, _wait_lock_key, _wait_wake, _wait_expire,
+-- _wait_event_lock, _wait_events, _signal) are SECURITY INVOKER and
 -- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
 -- Whatever the scripts' own leash.db.query statements touch is granted separately.

@@ -62,6 +62,8 @@ void api_budget_begin(lua_State *L, const char *what, const char *name, long lon
   memset(bc, 0, sizeof *bc);
   bc->name = name;
   bc->id = -1;
+  if (ctx->host->replay)   /* leash replay (replay.h): no grant is asked, none is needed */
+    return;
   for (struct budget_hold *h = ctx->holds; h; h = h->outer)
     if (strcmp(h->name, name) == 0) {
       bc->hold = h;               /* the block's grant covers the call */
@@ -127,6 +129,8 @@ static void usage_add(struct provider_usage *a, const struct provider_usage *b)
 int api_budget_end(lua_State *L, struct budget_call *bc, const struct provider_usage *used,
                    double pause_s, const char *reason)
 {
+  if (taskctx_of(L)->host->replay)   /* leash replay: nothing is granted, used or paused */
+    return 0;
   if (used && used->total < 0)
     used = NULL;
   struct budget_counters *bk = counters(L, bc->name);

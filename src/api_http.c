@@ -16,6 +16,7 @@
 #include "buf.h"
 #include "provider.h"
 #include "record.h"
+#include "replay.h"
 
 #include <curl/curl.h>
 #include <lauxlib.h>
@@ -124,6 +125,8 @@ static int l_request(lua_State *L)
   taskctx_check_live(L, "leash.http.request");
 
   const struct task_ctx *ctx = taskctx_of(L);
+  if (ctx->host->replay)   /* leash replay: the recorded answer, no socket (replay.h) */
+    return replay_http(L, ctx->host->replay, method, url);
   struct http_call *call = lua_newuserdatauv(L, sizeof *call, 0);   /* 9 */
   memset(call, 0, sizeof *call);
   luaL_setmetatable(L, HTTP_CALL_MT);

@@ -8,12 +8,13 @@
 
 #include "dbpool.h"
 #include "json_lua.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "luatext.h"
 #include "pgvalue.h"
 #include "queue.h"
 #include "record.h"
-#include "lifecycle.h"
+#include "replay.h"
 #include "task_context.h"
 
 #include <lauxlib.h>
@@ -427,6 +428,8 @@ static int l_sleep(lua_State *L)
   luaL_argcheck(L, secs >= 0 && isfinite(secs), 1, "seconds must be >= 0");
   const struct task_ctx *ctx = taskctx_of(L);
   struct task *t = ctx->task;
+  if (ctx->host->replay)   /* leash replay is CPU-bound: a recorded wait is not waited */
+    return 0;
   int over = taskctx_sleep(ctx, secs);
   if (over)
     return luaL_error(L, "task timed out (--task-timeout)");
@@ -505,6 +508,8 @@ static int l_db_query(lua_State *L)
       return luaL_argerror(L, idx, "cannot send this type to PostgreSQL");
     }
   }
+  if (taskctx_of(L)->host->replay)   /* leash replay: the recorded answer (replay.h) */
+    return replay_db(L, taskctx_of(L)->host->replay, sql);
   PGresult *r = pool_exec(L, "leash.db.query", sql, nparams, params);
   int box = lua_gettop(L);
   int rows = PQntuples(r), cols = PQnfields(r);
@@ -589,6 +594,17 @@ static int l_step(lua_State *L)
   const struct script_host *h = taskctx_of(L)->host;
   struct task *t = taskctx_of(L)->task;
   char id[24], token[24], err[512];
+  if (h->replay) {   /* leash replay: a step stored before is given back, else fn runs */
+    if (replay_step(L, h->replay, name))
+      return 1;
+    lua_pushvalue(L, 2);
+    lua_call(L, 0, 1);
+    char *json = lua_isnil(L, -1) ? NULL : jsonlua_encode(L, -1, err, sizeof err);
+    if (!lua_isnil(L, -1) && !json)   /* what the real step would refuse to store */
+      return luaL_error(L, "leash.step: result of '%s' cannot be stored as JSON: %s", name, err);
+    free(json);
+    return 1;
+  }
   if (!h->sql)
     return luaL_error(L, "leash.step: no database in this context");
   task_fence(t, id, token);
@@ -641,7 +657,7 @@ static int l_enqueue(lua_State *L)
   const struct script_host *h = taskctx_of(L)->host;
   struct task *t = taskctx_of(L)->task;
   char id[24], token[24], err[512], delay[32], max[16];
-  if (!h->sql)
+  if (!h->sql && !h->replay)
     return luaL_error(L, "leash.enqueue: no database in this context");
   task_fence(t, id, token);
 
@@ -682,6 +698,8 @@ static int l_enqueue(lua_State *L)
   const char *params[] = { tenant, shard, lua_tostring(L, 3), delay_p, max_p,
                            has_batch ? "true" : "false", batch, h->table, id, h->worker_id,
                            token };
+  if (h->replay)   /* leash replay: the recorded child's id, nothing written (replay.h) */
+    return replay_enqueue(L, h->replay);
   PGresult *r = pool_exec(L, "leash.enqueue", h->sql->enqueue, 11, params);
   if (PQntuples(r) != 1)
     return luaL_error(L, "leash.enqueue: lease lost: child task not enqueued");

@@ -229,7 +229,8 @@ void cli_print_env_help(FILE *f, const struct option *opts)
     if (o->val == 'h' || o->val == OPT_VERSION)
       continue;
     char name[80];
-    fprintf(f, "  %-26s--%s%s\n", cli_env_name(o->name, name, sizeof name), o->name,
+    /* At least one space: a long name (LEASH_MAX_FATAL_RATE_DELTA) must not run into it. */
+    fprintf(f, "  %-25s --%s%s\n", cli_env_name(o->name, name, sizeof name), o->name,
             o->has_arg == no_argument ? " (switch)" : "");
   }
 }

@@ -1,5 +1,6 @@
 /* leash status: counts per status, runnable backlog and its age, leases per worker,
    throughput and ETA; --watch for a batch's progress. */
+#include "canary.h"
 #include "commands.h"
 #include "deadline.h"
 #include "lifecycle.h"
@@ -140,9 +141,10 @@ static int terminal_columns(void);
 static double eta_of(long long open, double rate);
 static double rate_of(PGresult *r, int row, int col);
 static void print_json(const char *table, const char *tenant, const char *batch,
-                       PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets);
+                       PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets,
+                       const char *canary);
 static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds,
-                       PGresult *budgets);
+                       PGresult *budgets, const char *canary);
 static long long ll_at(PGresult *r, int row, int col);
 
 int cmd_status(struct cli *g, int argc, char **argv)
@@ -207,6 +209,7 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
 {
   char err[DB_ERR_MAX], sql[1024];
   PGresult *counts = NULL, *workers = NULL, *holds = NULL, *budgets = NULL;
+  char *canary = NULL;
   const char *params[] = { tenant, batch };
   char *holds_t = db_table_object(t, c, "holds", 1);
   char *budgets_t = db_table_object(t, c, "budgets", 1);
@@ -234,11 +237,13 @@ static int status_once(struct cli *g, PGconn *c, const struct db_table *t, const
   snprintf(big, sizeof big, budgets_fmt, budgets_t, calls_t);
   if (!(budgets = db_exec(c, big, 0, NULL, err, sizeof err)))
     goto fail;
+  if (!(canary = canary_status_json(c, t, err, sizeof err)))   /* the table's, not --batch's */
+    goto fail;
   db_command(c, "COMMIT", err, sizeof err);
   if (as_json)
-    print_json(g->table, tenant, batch, counts, workers, holds, budgets);
+    print_json(g->table, tenant, batch, counts, workers, holds, budgets, canary);
   else
-    print_text(g->table, counts, workers, holds, budgets);
+    print_text(g->table, counts, workers, holds, budgets, canary);
   rc = EXIT_OK;
   goto out;
 fail:
@@ -248,6 +253,7 @@ out:
   PQclear(workers);
   PQclear(holds);
   PQclear(budgets);
+  free(canary);
   free(holds_t);
   free(budgets_t);
   free(calls_t);
@@ -573,7 +579,8 @@ static json_t *count_value(PGresult *r, int col)
 }
 
 static void print_json(const char *table, const char *tenant, const char *batch,
-                       PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets)
+                       PGresult *counts, PGresult *workers, PGresult *holds, PGresult *budgets,
+                       const char *canary)
 {
   json_t *o = json_object(), *cnt = json_object(), *w = json_object();
   json_object_set_new(o, "table", json_string(table));
@@ -634,6 +641,8 @@ static void print_json(const char *table, const char *tenant, const char *batch,
     json_array_append_new(bl, e);
   }
   json_object_set_new(o, "budgets", bl);
+  json_t *cn = json_loads(canary, JSON_DECODE_ANY, NULL);
+  json_object_set_new(o, "canary", cn ? cn : json_null());
   char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
   if (s)
     printf("%s\n", s);
@@ -642,7 +651,7 @@ static void print_json(const char *table, const char *tenant, const char *batch,
 }
 
 static void print_text(const char *table, PGresult *counts, PGresult *workers, PGresult *holds,
-                       PGresult *budgets)
+                       PGresult *budgets, const char *canary)
 {
   long long pending = strtoll(PQgetvalue(counts, 0, 0), NULL, 10);
   long long runnable = strtoll(PQgetvalue(counts, 0, 1), NULL, 10);
@@ -696,4 +705,16 @@ static void print_text(const char *table, PGresult *counts, PGresult *workers, P
     printf("budget   %s: %s, %s in the last %g s, %s in flight%s\n", PQgetvalue(budgets, i, 0),
            rpm, tpm, atof(PQgetvalue(budgets, i, 7)), PQgetvalue(budgets, i, 5), paused);
   }
+  /* The latest canary, one line (leash canary status has the rest). */
+  json_t *cn = json_loads(canary, 0, NULL);
+  if (json_is_object(cn)) {
+    json_t *n = json_object_get(cn, "numbers");
+    const char *reason = json_string_value(json_object_get(n, "reason"));
+    printf("canary   %lld %s: %lld%% of tasks on %.12s, %s\n",
+           (long long)json_integer_value(json_object_get(cn, "id")),
+           json_string_value(json_object_get(cn, "state")),
+           (long long)json_integer_value(json_object_get(cn, "share")),
+           json_string_value(json_object_get(cn, "version")), reason ? reason : "no numbers");
+  }
+  json_decref(cn);
 }

@@ -18,6 +18,7 @@ int cmd_requeue(struct cli *g, int argc, char **argv);
 int cmd_inspect(struct cli *g, int argc, char **argv);
 int cmd_prune(struct cli *g, int argc, char **argv);
 int cmd_fixture(struct cli *g, int argc, char **argv);
+int cmd_replay(struct cli *g, int argc, char **argv);
 int cmd_tenant(struct cli *g, int argc, char **argv);
 int cmd_budget(struct cli *g, int argc, char **argv);
 int cmd_pause(struct cli *g, int argc, char **argv);
@@ -27,6 +28,7 @@ int cmd_cancel(struct cli *g, int argc, char **argv);
 int cmd_release(struct cli *g, int argc, char **argv);
 int cmd_dashboard(struct cli *g, int argc, char **argv);
 int cmd_signal(struct cli *g, int argc, char **argv);
+int cmd_canary(struct cli *g, int argc, char **argv);
 
 /* The global options' help lines, shared by every command's --help. */
 extern const char cli_global_help[];

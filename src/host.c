@@ -7,6 +7,7 @@
 #include "dbpool.h"
 #include "dispatch.h"
 #include "host_internal.h"
+#include "canary.h"
 #include "log.h"
 #include "signals.h"
 
@@ -23,6 +24,7 @@ struct threads {
   struct lease *lease;
   struct watchdog *watchdog;
   struct metrics *metrics;
+  struct canary *canary;
 };
 
 static void host_init(struct host *h, const struct host_config *cfg);
@@ -76,6 +78,7 @@ int host_run(const struct host_config *cfg)
   }
   /* Shut down: slots first (they may still be finishing aborted tasks), then the rest. */
   dispatcher_stop_slots(d);
+  canary_stop(th.canary);
   watchdog_stop(th.watchdog);
   lease_stop(th.lease);
   metrics_stop(th.metrics);
@@ -125,6 +128,7 @@ static void host_destroy(struct host *h)
 {
   lease_registry_free(h->leases);
   free(h->src.text);
+  free(h->src.canary_text);
   free(h->watch);
   db_table_free(&h->table);
   pthread_mutex_destroy(&h->mu);
@@ -203,6 +207,11 @@ static int start_threads(struct host *h, struct threads *th)
     .sh = &h->sh, .load_limit = host_load_limit(h), .mu = &h->mu, .src = &h->src,
     .counters = &h->stats,
   });
+  th->canary = canary_start(&(struct canary_config){
+    .conninfo = cfg->conninfo, .table = &h->table, .script_path = cfg->script_path,
+    .sh = &h->sh, .load_limit = host_load_limit(h), .mu = &h->mu, .src = &h->src,
+    .counters = &h->stats,
+  });
   pthread_mutex_lock(&h->mu);   /* the signal thread reads h->reload under mu */
   h->reload = r;
   pthread_mutex_unlock(&h->mu);
@@ -212,7 +221,8 @@ static int start_threads(struct host *h, struct threads *th)
     if (!th->metrics)
       log_error("%s", err);
   }
-  return th->lease && th->watchdog && r && (th->metrics || !cfg->metrics_addr) ? 0 : -1;
+  return th->lease && th->watchdog && r && th->canary && (th->metrics || !cfg->metrics_addr)
+             ? 0 : -1;
 }
 
 static void log_summary(const struct host *h)

@@ -422,6 +422,14 @@ static void render(struct metrics *m, struct text *b)
          "leash_script_reloads_total{result=\"loaded\"} %lld\n"
          "leash_script_reloads_total{result=\"refused\"} %lld\n",
       (long long)atomic_load(&c->reloads_loaded), (long long)atomic_load(&c->reloads_refused));
+  put(b, "# HELP leash_canary_rollbacks_total Canary rollbacks this process applied.\n"
+         "# TYPE leash_canary_rollbacks_total counter\nleash_canary_rollbacks_total %lld\n"
+         "# HELP leash_canary_promotions_total Canary promotions this process applied.\n"
+         "# TYPE leash_canary_promotions_total counter\nleash_canary_promotions_total %lld\n"
+         "# HELP leash_canary_share Percent of tasks the running canary takes (0: none).\n"
+         "# TYPE leash_canary_share gauge\nleash_canary_share %d\n",
+      (long long)atomic_load(&c->canary_rollbacks),
+      (long long)atomic_load(&c->canary_promotions), atomic_load(&c->canary_share));
   put(b, "# HELP leash_build_info The leash binary.\n# TYPE leash_build_info gauge\n"
          "leash_build_info{version=\"%s\"} 1\n", LEASH_VERSION);
   put(b, "# HELP leash_script_info The script version the slots load (SHA-256 over the script "

@@ -58,6 +58,8 @@ struct metrics_counters {
   atomic_llong claimed, done, retried, lost, late;
   atomic_llong dead[DEAD_REASONS][CAUSE_COUNT];
   atomic_llong reloads_loaded, reloads_refused;
+  atomic_llong canary_rollbacks, canary_promotions;   /* decisions this process applied */
+  atomic_int canary_share;      /* the running canary's share here, 0: none */
   atomic_int busy_slots;
   struct histogram task_seconds, cycle_seconds, pickup_seconds;
   /* Queue-wide, sampled by the lease thread while this process is the metrics leader (one

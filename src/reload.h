@@ -25,6 +25,14 @@ struct script_source {
   char *text;
   size_t len;
   char version[SCRIPT_VERSION_LEN + 1];
+  /* The canary's candidate (canary.c publishes it; share 0 and text NULL: none). Slots load
+     it as a second state when canary_generation moves. */
+  unsigned canary_generation;
+  char *canary_text;
+  size_t canary_len;
+  char canary_version[SCRIPT_VERSION_LEN + 1];
+  int canary_share;
+  long long canary_id;
 };
 
 struct reload_config {

@@ -143,6 +143,7 @@ static const char by_version_fmt[] =
   "         count(*) FILTER (WHERE kind = 'retry') AS retry,"
   "         count(*) FILTER (WHERE kind = " SQL_DEAD " AND NOT crashed) AS fatal,"
   "         count(*) FILTER (WHERE kind = 'snooze') AS snooze,"
+  "         count(*) FILTER (WHERE kind = 'wait') AS wait,"
   "         count(*) FILTER (WHERE crashed) AS crash,"
   "         count(*) FILTER (WHERE kind = 'lost') AS lost,"
   "         count(DISTINCT task_id) FILTER (WHERE status = " SQL_DEAD ") AS dead,"
@@ -159,13 +160,15 @@ static const char by_version_fmt[] =
   "  'versions', coalesce((SELECT json_agg(json_build_object("
   "      'version', v.version, 'label', v.label, 'tasks', v.tasks, 'attempts', v.attempts,"
   "      'counts', json_build_object('done', v.done, 'retry', v.retry, 'fatal', v.fatal,"
-  "                                  'snooze', v.snooze, 'crash', v.crash, 'lost', v.lost,"
+  "                                  'snooze', v.snooze, 'wait', v.wait, 'crash', v.crash,"
+  "                                  'lost', v.lost,"
   "                                  'dead', v.dead),"
   "      'rates', json_build_object("
   "          'done', round(v.done::numeric / v.attempts, 4),"
   "          'retry', round(v.retry::numeric / v.attempts, 4),"
   "          'fatal', round(v.fatal::numeric / v.attempts, 4),"
   "          'snooze', round(v.snooze::numeric / v.attempts, 4),"
+  "          'wait', round(v.wait::numeric / v.attempts, 4),"
   "          'crash', round(v.crash::numeric / v.attempts, 4),"
   "          'lost', round(v.lost::numeric / v.attempts, 4),"
   "          'dead', round(v.dead::numeric / v.tasks, 4)),"
@@ -177,6 +180,8 @@ static const char by_version_fmt[] =
 
 static void print_text(const json_t *r, FILE *out);
 static void print_versions(const json_t *r, FILE *out);
+static int print_result(PGresult *res, int as_json, void (*text)(const json_t *, FILE *),
+                        FILE *out, char *err, size_t errlen);
 static json_int_t get_int(const json_t *o, const char *key);
 static void print_seconds(FILE *out, const char *label, const json_t *v);
 
@@ -196,24 +201,7 @@ int report_print(PGconn *c, const struct db_table *t, const char *tenants, const
   PGresult *res = db_exec(c, sql, 3, params, err, errlen);
   if (!res)
     return -1;
-  json_error_t je;
-  json_t *r = json_loads(PQgetvalue(res, 0, 0), 0, &je);
-  PQclear(res);
-  if (!r) {
-    snprintf(err, errlen, "report: unreadable JSON from the server: %s", je.text);
-    return -1;
-  }
-  if (as_json) {
-    char *s = json_dumps(r, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
-    if (s)
-      fprintf(out, "%s\n", s);
-    free(s);
-  } else {
-    print_text(r, out);
-  }
-  fflush(out);
-  json_decref(r);
-  return 0;
+  return print_result(res, as_json, print_text, out, err, errlen);
 }
 
 int report_print_by_version(PGconn *c, const struct db_table *t, const char *tenants,
@@ -237,6 +225,14 @@ int report_print_by_version(PGconn *c, const struct db_table *t, const char *ten
   free(sql);
   if (!res)
     return -1;
+  return print_result(res, as_json, print_versions, out, err, errlen);
+}
+
+/* Both reports' server answer is one JSON value: printed as it is for --json, else by text.
+   Takes res (cleared here). */
+static int print_result(PGresult *res, int as_json, void (*text)(const json_t *, FILE *),
+                        FILE *out, char *err, size_t errlen)
+{
   json_error_t je;
   json_t *r = json_loads(PQgetvalue(res, 0, 0), 0, &je);
   PQclear(res);
@@ -250,7 +246,7 @@ int report_print_by_version(PGconn *c, const struct db_table *t, const char *ten
       fprintf(out, "%s\n", s);
     free(s);
   } else {
-    print_versions(r, out);
+    text(r, out);
   }
   fflush(out);
   json_decref(r);
@@ -259,7 +255,7 @@ int report_print_by_version(PGconn *c, const struct db_table *t, const char *ten
 
 /* One block per version, first seen first:
      version 0ecbf8f0cc53 (v1): 3 tasks, 5 attempts
-       done 2 (40.0%), retry 2 (40.0%), fatal 1 (20.0%), snooze 0, crash 0, lost 0; dead 1 task (33.3%)
+       done 2 (40.0%), retry 2 (40.0%), fatal 1 (20.0%), snooze 0, wait 0, crash 0, lost 0; dead 1 task (33.3%)
        run p50 6ms, p95 10ms (5 attempts timed); tokens 1200, cost 0.0120 */
 static void print_versions(const json_t *r, FILE *out)
 {
@@ -291,7 +287,8 @@ static void print_versions(const json_t *r, FILE *out)
       if ((unsigned char)*p < 0x20 || *p == 0x7f)
         *p = '?';
     fputs(line, out);
-    static const char *const kinds[] = { "done", "retry", "fatal", "snooze", "crash", "lost" };
+    static const char *const kinds[] = { "done", "retry", "fatal", "snooze", "wait", "crash",
+                                          "lost" };
     fprintf(out, " ");
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
       fprintf(out, "%s %s %lld (%.1f%%)", i ? "," : "", kinds[i],

@@ -1,6 +1,7 @@
 /* slot: the slot thread's state machine. See slot.h. */
 #include "slot.h"
 
+#include "canary.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -12,6 +13,7 @@
 static void *slot_main(void *arg);
 static struct task *wait_for_task(struct slot *s, char **text, size_t *len, unsigned *gen);
 static void load_version(struct slot *s, char *text, size_t len, unsigned generation);
+static void follow_canary(struct slot *s);
 static void run_task(struct slot *s, struct task *t);
 static void close_script(struct slot *s, struct script *script);
 
@@ -54,6 +56,7 @@ void slot_join(struct slot *s)
 {
   pthread_join(s->thread, NULL);
   script_free(s->script);   /* NULL: the thread closed it */
+  script_free(s->canary);
   pthread_cond_destroy(&s->cv);
 }
 
@@ -69,10 +72,13 @@ static void *slot_main(void *arg)
       break;
     if (text)
       load_version(s, text, len, generation);
+    follow_canary(s);
     run_task(s, t);
   }
   close_script(s, s->script);
   s->script = NULL;
+  close_script(s, s->canary);
+  s->canary = NULL;
   return NULL;
 }
 
@@ -115,6 +121,47 @@ static void load_version(struct slot *s, char *text, size_t len, unsigned genera
   s->generation = generation;
 }
 
+/* Between tasks: loads the canary's candidate as a second state when canary.c published a
+   new one (or the candidate's state broke), closes it when the canary ended. A candidate
+   that fails to load here leaves the slot running every task on the current version. */
+static void follow_canary(struct slot *s)
+{
+  const struct slot_env *env = s->env;
+  pthread_mutex_lock(env->mu);
+  const struct script_source *src = env->src;
+  unsigned gen = src->canary_generation;
+  char *text = NULL;
+  size_t len = src->canary_len;
+  int share = src->canary_share;
+  long long id = src->canary_id;
+  int load = src->canary_text && (gen != s->canary_generation ||
+                                  (s->canary && script_broken(s->canary)));
+  int drop = !src->canary_text && s->canary;
+  if (load && (text = malloc(len ? len : 1)) != NULL)
+    memcpy(text, src->canary_text, len);
+  pthread_mutex_unlock(env->mu);
+  if (!load && !drop) {
+    s->canary_generation = gen;
+    return;
+  }
+  close_script(s, s->canary);
+  s->canary = NULL;
+  s->canary_share = 0;
+  s->canary_generation = gen;
+  if (!text)
+    return;
+  char err[DB_ERR_MAX];
+  s->canary = reload_load_bounded(env->script_path, text, len, env->sh, env->load_limit, err,
+                                  sizeof err);
+  free(text);
+  if (!s->canary) {
+    log_warn("slot %d runs no canary tasks: %s", s->index, err);
+    return;
+  }
+  s->canary_share = share;
+  s->canary_id = id;
+}
+
 /* Runs t where the watchdog sees it, then hands it back and takes the next task, if the
    owner has one ready, without a trip through the dispatcher. */
 static void run_task(struct slot *s, struct task *t)
@@ -123,13 +170,15 @@ static void run_task(struct slot *s, struct task *t)
   atomic_fetch_add(&env->stats->busy_slots, 1);
   /* What runs it, for the attempt history (sql/016), written before the watchdog can see
      the task (it settles a wedged task's copy from another thread). */
+  struct script *run = s->canary && canary_picks(t->id, s->canary_id, s->canary_share)
+                         ? s->canary : s->script;
   _Static_assert(sizeof t->version == SCRIPT_VERSION_LEN + 1, "task.h's version size");
-  memcpy(t->version, script_version(s->script), sizeof t->version);
-  snprintf(t->label, sizeof t->label, "%s", script_label(s->script));
+  memcpy(t->version, script_version(run), sizeof t->version);
+  snprintf(t->label, sizeof t->label, "%s", script_label(run));
   pthread_mutex_lock(env->mu);   /* what the watchdog sees: this task in handle() since now */
   *s->watch = (struct slot_watch){ .task = t, .started = task_now() };   /* closing is 0 */
   pthread_mutex_unlock(env->mu);
-  script_run(s->script, t);
+  script_run(run, t);
   atomic_fetch_sub(&env->stats->busy_slots, 1);
   histogram_observe(&env->stats->task_seconds, t->duration);
   pthread_mutex_lock(env->mu);

@@ -46,6 +46,10 @@ struct slot {
   int quit;                     /* under env->mu */
   struct script *script;        /* owned by the slot's thread */
   unsigned generation;          /* src generation loaded */
+  struct script *canary;        /* the canary's candidate (canary.h), or NULL */
+  unsigned canary_generation;   /* src canary_generation loaded */
+  int canary_share;             /* of the loaded candidate */
+  long long canary_id;
 };
 
 /* Loads env->src's text (no reload may run yet) and starts the thread. 0, or -1 with err

@@ -22,6 +22,7 @@ struct dbpool;
 struct metrics_counters;
 struct log_field;
 struct queue_script_sql;
+struct replay_src;
 
 /* What the host lends every state; shared, read-only but for the flags and the condvar. */
 struct script_host {
@@ -42,6 +43,10 @@ struct script_host {
   double budget_wait_s;         /* the longest a slot waits for a budget before it gives the
                                    slot back (--budget-wait); 0 = never waits */
   struct metrics_counters *stats;   /* the budgets' counters; NULL: none (leash check) */
+  /* `leash replay` only (replay.h): leash.http.request, leash.db.query, leash.step,
+     leash.enqueue and leash.sleep answer from this recording after their own argument
+     checks, and do no I/O. NULL everywhere else. */
+  struct replay_src *replay;
 };
 
 struct budget_hold;

@@ -554,7 +554,7 @@ case_status_json_is_stable() {
   expect_exit 0 "$LEASH" migrate
   expect_exit 0 "$LEASH" status --json
   assert_eq "empty queue" "$(<"$T_OUT")" \
-    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}'
+    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}'
 
   local i
   for i in 1 2 3 4; do expect_exit 0 "$LEASH" enqueue --tenant acme --batch nightly "{\"i\":$i}"; done
@@ -573,18 +573,18 @@ case_status_json_is_stable() {
   local all
   all=$(status_json)
   assert_eq "whole queue" "$all" \
-    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":3,"leased":3,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":2,"w2":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}'
+    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":3,"leased":3,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":2,"w2":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}'
   check_status "whole queue, again" "$all"
   check_status "--tenant acme" \
-    '{"table":"agent_work_queue","tenant":"acme","batch":null,"counts":{"pending":3,"leased":1,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}' --tenant acme
+    '{"table":"agent_work_queue","tenant":"acme","batch":null,"counts":{"pending":3,"leased":1,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}' --tenant acme
   check_status "--batch nightly" \
-    '{"table":"agent_work_queue","tenant":null,"batch":"nightly","counts":{"pending":3,"leased":1,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}' --batch nightly
+    '{"table":"agent_work_queue","tenant":null,"batch":"nightly","counts":{"pending":3,"leased":1,"done":1,"dead":2},"runnable":1,"scheduled":2,"oldest_runnable_age_s":AGE,"leases_by_worker":{"w1":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}' --batch nightly
   check_status "--tenant other" \
-    '{"table":"agent_work_queue","tenant":"other","batch":null,"counts":{"pending":0,"leased":2,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{"w1":1,"w2":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}' --tenant other
+    '{"table":"agent_work_queue","tenant":"other","batch":null,"counts":{"pending":0,"leased":2,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{"w1":1,"w2":1},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}' --tenant other
   check_status "--tenant other --batch nightly" \
-    '{"table":"agent_work_queue","tenant":"other","batch":"nightly","counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}' --tenant other --batch nightly
+    '{"table":"agent_work_queue","tenant":"other","batch":"nightly","counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}' --tenant other --batch nightly
   check_status "--tenant with quotes" \
-    '{"table":"agent_work_queue","tenant":"a\"b\\c","batch":null,"counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}' --tenant 'a"b\c'
+    '{"table":"agent_work_queue","tenant":"a\"b\\c","batch":null,"counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}' --tenant 'a"b\c'
 
   # A row a plain SQL client inserts is counted at once.
   q "insert into agent_work_queue (tenant_id, shard_key, payload) values ('acme', 'x', '{}')"

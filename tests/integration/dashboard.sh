@@ -201,10 +201,12 @@ case_a_locked_table_or_a_lost_connection_is_a_503_and_the_dashboard_recovers() {
   out=$(http GET "$u")
   assert_eq "overview while the table is locked" "${out%%$'\n'*}" 503
   assert_contains "why" "$out" "statement timeout"
-  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'dash-locker'" >/dev/null
+  q "select pg_terminate_backend(pid) from pg_stat_activity
+       where datname = current_database() and application_name = 'dash-locker'" >/dev/null
   wait_for "the overview to answer again" 60 eval "[[ \$(http_status GET $u) == 200 ]]"
   # Its own connection cut: a 503 at most once, then it reconnects by itself ...
-  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'leash dashboard'" >/dev/null
+  q "select pg_terminate_backend(pid) from pg_stat_activity
+       where datname = current_database() and application_name = 'leash dashboard'" >/dev/null
   wait_for "the overview after a reconnect" 60 eval "[[ \$(http_status GET $u) == 200 ]]"
   # ... with its statement_timeout set again.
   PGAPPNAME=dash-locker psql -X -q -d "$DATABASE_URL" -c \
@@ -214,7 +216,8 @@ case_a_locked_table_or_a_lost_connection_is_a_503_and_the_dashboard_recovers() {
   wait_for "the lock to be held again" 30 q_true "select count(*) = 1 from pg_stat_activity
     where application_name = 'dash-locker' and state = 'active' and wait_event = 'PgSleep'"
   assert_eq "overview while locked, after the reconnect" "$(http_status GET "$u")" 503
-  q "select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'dash-locker'" >/dev/null
+  q "select pg_terminate_backend(pid) from pg_stat_activity
+       where datname = current_database() and application_name = 'dash-locker'" >/dev/null
   stop_dashboard
 }
 

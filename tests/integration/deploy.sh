@@ -700,8 +700,8 @@ case_dockerfile_lints_clean() {
 
 # The alert rules pass promtool (check rules, and the unit tests of leash-rules.test.yaml:
 # each alert fires on its series and not on a healthy one); the Grafana dashboard is JSON
-# whose queries parse as PromQL and name only series a real worker exports (and the one
-# documented as not existing yet, leash_canary_rollbacks_total), with a panel per topic.
+# whose queries parse as PromQL and name only series a real worker exports, with a panel per
+# topic.
 case_alert_rules_and_the_dashboard_pass_promtool_and_name_real_series() {
   command -v promtool >/dev/null || skip "no promtool (Debian package prometheus): rules and dashboard not checked"
   local rules=$LEASH_SRC/deploy/prometheus/leash-rules.yaml dash=$LEASH_SRC/deploy/grafana/leash.json
@@ -740,7 +740,6 @@ PY
     eval "curl -sf -o '$T_TMP/scrape' http://127.0.0.1:$port/metrics && grep -q '^leash_metrics_leader 1' '$T_TMP/scrape'"
   local name missing=()
   while IFS= read -r name; do
-    [[ $name == leash_canary_rollbacks_total ]] && continue   # not exported yet: documented
     grep -Eq "^# TYPE ${name%_bucket} " "$T_TMP/scrape" || missing+=("$name")
   done < <(cat "$rules" "$dash" | grep -oE '\b(leash|process)_[a-z_]+' | grep -v '_test$' | sort -u)
   assert_eq "series the rules and the dashboard name that no worker exports" "${missing[*]}" ""

@@ -338,7 +338,7 @@ case_status_json_has_throughput_and_eta() {
   new_queue
   expect_exit 0 "$LEASH" status --json
   assert_eq "empty queue" "$(<"$T_OUT")" \
-    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}'
+    '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":0,"leased":0,"done":0,"dead":0},"runnable":0,"scheduled":0,"oldest_runnable_age_s":null,"leases_by_worker":{},"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}'
 
   # 30 done and 10 dead in the last minute (40/60 per second), 20 done earlier; 50 pending
   # and 10 leased: 60 open at 0.667/s is 90 s.
@@ -357,7 +357,7 @@ case_status_json_has_throughput_and_eta() {
   j=$(<"$T_OUT")
   assert_contains "existing keys first, unchanged" "$j" \
     '{"table":"agent_work_queue","tenant":null,"batch":null,"counts":{"pending":50,"leased":10,"done":50,"dead":10},"runnable":50,"scheduled":0,"oldest_runnable_age_s":'
-  assert_contains "new keys last" "$j" ',"leases_by_worker":{"w1":10},"throughput_per_s_1m":0.667,"eta_s":90.0,"paused":[],"budgets":[]}'
+  assert_contains "new keys last" "$j" ',"leases_by_worker":{"w1":10},"throughput_per_s_1m":0.667,"eta_s":90.0,"paused":[],"budgets":[],"canary":null}'
 
   expect_exit 0 "$LEASH" status
   assert_contains "text: rate" "$(<"$T_OUT")" "rate     0.67/s (done and dead in the last minute, or since the first claim)"
@@ -366,7 +366,7 @@ case_status_json_has_throughput_and_eta() {
   # Scoped: a tenant with nothing finishing has no ETA.
   q "insert into agent_work_queue (tenant_id, shard_key, payload) values ('idle', 'i', '{}')" >/dev/null
   expect_exit 0 "$LEASH" status --json --tenant idle
-  assert_contains "no throughput, no eta" "$(<"$T_OUT")" '"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[]}'
+  assert_contains "no throughput, no eta" "$(<"$T_OUT")" '"throughput_per_s_1m":0.0,"eta_s":null,"paused":[],"budgets":[],"canary":null}'
 
   expect_exit 2 "$LEASH" status --interval 1
   assert_contains "interval needs watch" "$(<"$T_ERR")" "--interval goes with --watch"

@@ -737,10 +737,16 @@ case_a_head_moved_to_another_shard_or_tenant_hands_over() {
 # claims still take one lease at a time); both run, and so does the rest.
 case_a_head_moved_into_a_shard_with_a_head_runs_with_it() {
   hand_setup
-  wait_for "a head moved into another shard's lane" 10 q_true \
-    "with t as (select shard_key from $QT where is_head and shard_key like 's%' order by id desc limit 1),
+  # The two youngest heads: the claims take the oldest first, so these are the least likely
+  # to be leased while the UPDATE waits for the row (the oldest head lost that race at every
+  # try for 10 s under TSan).
+  wait_for "a head moved into another shard's lane" 20 q_true \
+    "with h as (select id, shard_key from $QT where is_head and shard_key like 's%'
+                 order by id desc limit 2),
+          t as (select shard_key from h order by id desc limit 1),
           x as (update $QT set shard_key = (select shard_key from t)
-                 where $HEAD and shard_key <> (select shard_key from t) returning 1)
+                 where is_head and id = (select min(id) from h)
+                   and shard_key <> (select shard_key from t) returning 1)
      select count(*) = 1 from x"
   assert_heads_invariant "right after" 2
   drain_checking "every task to be done" 30 "done=180" 2

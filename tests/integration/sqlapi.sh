@@ -24,7 +24,7 @@ q_err() {
   local out rc=0
   out=$(psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -c "$1" 2>&1 >/dev/null) || rc=$?
   ((rc != 0)) || fail "this SQL succeeded, it must fail: $1"
-  printf '%s\n' "$out" | head -n1
+  printf '%s\n' "${out%%$'\n'*}"   # not `| head`: a reader gone early is SIGPIPE, an error
 }
 
 # ----------------------------------------------------------------------- defaults
