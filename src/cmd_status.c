@@ -357,7 +357,7 @@ static void tty_row(FILE *f, const char *label, int label_w, int cols, double pr
                     const char *eta_s, double rate, long long done, long long dead,
                     long long pending, long long leased)
 {
-  char it[7][48], aligned[256], compact[256], bar[56];
+  char it[7][48], aligned[256], compact[258], bar[56];   /* compact: " " + tail */
   snprintf(it[0], sizeof it[0], "%.1f%%", progress * 100);
   snprintf(it[1], sizeof it[1], "eta %s", eta_s);
   snprintf(it[2], sizeof it[2], "%.1f/s", rate);
