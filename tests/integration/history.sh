@@ -67,7 +67,7 @@ case_a_task_that_retries_then_succeeds_has_one_row_per_attempt_with_its_kind_cau
   expect_exit 0 "$LEASH" report --by version --json
   assert_eq "report --by version: one version, its counts" \
     "$(jq -c '.versions[] | [.version == "'"$v"'", .label, .tasks, .attempts, .counts]' "$T_OUT")" \
-    '[true,"v1",3,7,{"done":2,"retry":2,"fatal":1,"snooze":2,"crash":0,"lost":0,"dead":1}]'
+    '[true,"v1",3,7,{"done":2,"retry":2,"fatal":1,"snooze":2,"wait":0,"crash":0,"lost":0,"dead":1}]'
   assert_eq "and its rates" "$(jq -c '.versions[0].rates | [.done, .fatal, .dead]' "$T_OUT")" \
     '[0.2857,0.1429,0.3333]'
   expect_exit 0 "$LEASH" report --by version

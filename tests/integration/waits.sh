@@ -57,6 +57,9 @@ case_a_parent_waiting_for_50_children_spends_no_attempt_and_no_slot() {
   assert_eq "the parent's history (attempt:kind:cause)" \
     "$(q "select string_agg(attempt || ':' || kind || ':' || cause, ',' order by finished_at)
             from ${QT}_attempts where task_id = $p")" "1:wait:waiting,1:done:none"
+  assert_eq "report --by version counts the wait (tasks|attempts|done|wait|retry)" \
+    "$("$LEASH" report --by version --json | jq -c '.versions[0] | [.tasks, .attempts,
+        .counts.done, .counts.wait, .counts.retry]')" "[51,52,51,1,0]"
   stop_workers A
 }
 
