@@ -3,7 +3,7 @@
 -- Measured on one drain of 50,000 no-op tasks at C=10 (pg_stat_statements, ~72 tasks a
 -- cycle): the cycle cost 6.2 ms a call on 019, of which the lease UPDATE 1.3-3.2 ms, the
 -- settle's statement 2.3 ms (1.0 ms of it the attempts row, 0.35 ms of that the foreign key's
--- check). Three changes, none to what a claim or a settle decides:
+-- check). Three changes, none to what a claim or a settle decides, and a fix:
 --
 -- 1. The claim's lease statement chose one row per shard in a DISTINCT ON joined into the
 --    UPDATE. Under force_generic_plan the join expected one row and ran a nested loop that
@@ -21,6 +21,10 @@
 --    deleted task's attempts (prune, a DELETE by hand), and a TRUNCATE of the queue truncates
 --    them too. Attempts rows are only ever inserted from a queue row in the same statement
 --    (settle, reap, cancel: 016/019), so none can name a missing task.
+-- 4. The probe for the next due row skips rows waiting without a time (run_after 'infinity',
+--    sql/019): when every future pending row was such a wait, `run_after - now()` raised
+--    "cannot subtract infinite timestamps" (PostgreSQL 15) and failed the whole cycle, every
+--    cycle, until a wait ended (found by the provider-batch work, where every task waits).
 --
 -- The claim is 013's otherwise (011's ring, priorities and holds; 007's proof).
 
@@ -230,7 +234,7 @@ BEGIN
   IF got < p_n AND p_only IS NULL AND p_batch IS NULL THEN
     SELECT extract(epoch FROM t.run_after - now())::float8 INTO due
       FROM {{table}} t
-     WHERE t.status = 'pending' AND t.run_after > now()
+     WHERE t.status = 'pending' AND t.run_after > now() AND t.run_after < 'infinity'
        AND (p_tenants IS NULL OR t.tenant_id = ANY (p_tenants))
      ORDER BY t.run_after, t.id
      LIMIT 1;
@@ -238,6 +242,7 @@ BEGIN
     SELECT extract(epoch FROM t.run_after - now())::float8 INTO due
       FROM {{table}} t
      WHERE t.status = 'pending' AND t.batch = p_batch AND t.run_after > now()
+       AND t.run_after < 'infinity'
        AND (p_tenants IS NULL OR t.tenant_id = ANY (p_tenants))
      ORDER BY t.batch, t.run_after, t.id
      LIMIT 1;
