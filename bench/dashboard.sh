@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The dashboard's cost on a big table (issue 18): 2,000,000 rows over 20 nightly batches
+# (bench/dashboard_seed.sql: 19 finished, tonight's running), then `leash dashboard` answers
+# each page 5 times; prints the median milliseconds per page (end to end, over loopback) and
+# every statement's execution time of the last round (auto_explain, ANALYZE, from the
+# server's log), so a slow query names itself.
+#
+#   bench/dashboard.sh [ROWS_PER_BATCH]        (default 100000: 2,000,000 rows)
+#
+# Uses the running cluster of PGHOST/PGPORT/PGUSER (scripts/pg.sh start) and its server.log
+# ($LEASH_PG_DIR/server.log); creates and drops the database leash_bench_dashboard.
+# LEASH_BIN: the binary (default build/leash).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROWS=${1:-100000}
+LEASH=${LEASH_BIN:-build/leash}
+LOG=${LEASH_PG_DIR:?run scripts/pg.sh start first}/server.log
+PY=/usr/bin/python3
+DB=leash_bench_dashboard
+dropdb --if-exists "$DB" && createdb "$DB"
+export DATABASE_URL="host=$PGHOST port=$PGPORT user=${PGUSER:-postgres} dbname=$DB"
+trap 'kill "$DASH" 2>/dev/null || true; wait 2>/dev/null || true; dropdb --if-exists "$DB" || true' EXIT
+"$LEASH" migrate >/dev/null 2>&1
+start=$(date +%s.%N)
+psql -X -q -v ON_ERROR_STOP=1 -v rows_per_batch="$ROWS" -d "$DATABASE_URL" \
+  -f bench/dashboard_seed.sql
+printf 'seeded %d rows in %.1f s\n' "$((ROWS * 20))" "$(echo "$(date +%s.%N) - $start" | bc)"
+port=$(source tests/lib.sh >/dev/null 2>&1; free_port)
+# Every statement of the dashboard's session explained, with its real time, in the log.
+PGOPTIONS="-c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=0
+  -c auto_explain.log_analyze=on -c auto_explain.log_timing=off -c log_min_messages=log
+  -c auto_explain.log_nested_statements=on" \
+  "$LEASH" dashboard --listen "127.0.0.1:$port" 2>/dev/null &
+DASH=$!
+"$PY" - "$port" "$LOG" <<'PY'
+import re, statistics, sys, time, urllib.request
+port, log = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}"
+deadline = time.monotonic() + 60
+while True:
+    try:
+        urllib.request.urlopen(base + "/api/overview", timeout=60).read(); break
+    except Exception:
+        if time.monotonic() > deadline: sys.exit("the dashboard did not answer")
+        time.sleep(0.2)
+pages = [("overview (tonight's batch, running)", "/"),
+         ("a finished batch (night-2026-11-20)", "/?batch=night-2026-11-20"),
+         ("a task page", "/task?id=1")]
+# The first load computes and keeps each finished batch's report (sql/021): timed alone.
+t = time.monotonic()
+urllib.request.urlopen(base + "/", timeout=60).read()
+print(f"{'first load (keeps 10 reports)':40s} {(time.monotonic() - t) * 1000:8.1f} ms")
+for name, path in pages:
+    times = []
+    for _ in range(5):
+        mark = open(log, "rb").seek(0, 2)
+        t = time.monotonic()
+        urllib.request.urlopen(base + path, timeout=60).read()
+        times.append((time.monotonic() - t) * 1000)
+    print(f"{name:40s} {statistics.median(times):8.1f} ms  (median of 5, end to end)")
+    with open(log, "rb") as f:
+        f.seek(mark); text = f.read().decode(errors="replace")
+    for m in re.finditer(r"duration: ([0-9.]+) ms\s+plan:\s*\n\s*Query Text: (.*)", text):
+        q = re.sub(r"\s+", " ", m.group(2))[:90]
+        print(f"    {float(m.group(1)):8.1f} ms  {q}")
+PY
+kill "$DASH"
+wait "$DASH" || true
+# Before sql/021 each listed batch was counted by status through batch_idx: that count, for
+# the 10 newest batches, as the old list would have paid for them (it listed only batches
+# among the newest 10,000 rows: here tonight's alone).
+psql -X -q -d "$DATABASE_URL" -c '\timing on' -c "
+  SELECT count(*) FROM (SELECT DISTINCT batch FROM agent_work_queue_batch_totals
+                         ORDER BY batch DESC LIMIT 10) b
+   CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE q.status = 'pending') AS pending,
+                              count(*) FILTER (WHERE q.status = 'leased') AS leased,
+                              count(*) FILTER (WHERE q.status = 'done') AS done,
+                              count(*) FILTER (WHERE q.status = 'dead') AS dead
+                         FROM agent_work_queue q WHERE q.batch = b.batch) k" |
+  sed -n 's/^Time: \(.*\)/counting the 10 newest batches by status (the list before sql\/021): \1/p'
