@@ -14,7 +14,7 @@
 
 #define DASH_REQUEUE_CHUNK 5000   /* as leash requeue --dead */
 #define DASH_PAUSE_MAX_S (365.0 * 86400)
-#define DASH_CHECK_MARGIN "60 seconds"
+#define DASH_CHECK_MARGIN "5 seconds"
 #define DASH_MAX_CANARIES 5
 
 /* The batches worth showing: those with open rows, found by a skip scan of batch_open_idx
@@ -59,7 +59,9 @@ static const char open_counts_fmt[] =
    total, and no attempt of an id in the batch's range ended after it was last checked (read
    through attempts_finished_idx: the attempts since the last look). A report that holds is
    checked again from now - DASH_CHECK_MARGIN (an attempt's finished_at is its
-   transaction's start, and a settle that began before this look may commit after it).
+   transaction's start, and a settle that began before this look may commit after it; a
+   settle is one statement, the cycle, so its transaction is milliseconds old when it
+   commits: 5 s is ample). So a batch finished in the last 5 s is counted afresh.
    Columns: the report or NULL, open. %1$s table, %2$s batch_totals, %3$s batch_reports,
    %4$s attempts. $1 the batch. */
 static const char kept_fmt[] =

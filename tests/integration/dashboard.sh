@@ -321,6 +321,118 @@ PY
   stop_dashboard
 }
 
+# overview_check PORT [QUERY]: every listed batch's counts in /api/overview equal SQL's, and
+# the list is the open batches and the 10 newest; prints the JSON (in $T_TMP/overview.json).
+overview_check() {
+  local port=$1 query=${2:-}
+  http GET "http://127.0.0.1:$port/api/overview$query" | tail -n +2 >"$T_TMP/overview.json"
+  "$PY" - "$T_TMP/overview.json" >"$T_TMP/shown.txt" <<'PY' || fail "overview: $(cat "$T_TMP/overview.json")"
+import json, sys
+for b in json.load(open(sys.argv[1]))["batches"]:
+    print(b["batch"], b["total"], b["pending"], b["leased"], b["done"], b["dead"])
+PY
+  q "select batch, count(*), count(*) filter (where status = 'pending'),
+            count(*) filter (where status = 'leased'), count(*) filter (where status = 'done'),
+            count(*) filter (where status = 'dead')
+       from agent_work_queue where batch in (
+         select batch from (select batch, max(id) m from agent_work_queue where batch is not null
+                             group by batch order by m desc limit 10) n
+         union select batch from agent_work_queue where status in ('pending', 'leased'))
+      group by batch order by max(id) desc" | tr '|' ' ' >"$T_TMP/sql.txt"
+  assert_eq "batches and counts shown${query:+ for $query} against SQL" "$(cat "$T_TMP/shown.txt")" "$(cat "$T_TMP/sql.txt")"
+}
+
+# report_kept PORT QUERY: overview_check, and true when the batch shown had its kept report.
+report_kept() {
+  overview_check "$1" "$2"
+  [[ $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["report"]["kept"])' "$T_TMP/overview.json") == True ]]
+}
+
+case_batch_counts_stay_equal_to_sql_through_enqueues_requeues_and_prunes() {
+  run_setup
+  write_script
+  local port i
+  port=$(free_port)
+  # One batch (opened again below), then 12 finished of 3 to 14 tasks, every third task
+  # dead: the open one is older than the 10 newest and listed too.
+  "$LEASH" enqueue --batch open1 '{}' >/dev/null
+  for ((i = 1; i <= 12; i++)); do
+    "$PY" -c 'import json,sys; n=int(sys.argv[1])
+for k in range(n): print(json.dumps({"payload": {"die": "no"} if k % 3 == 0 else {}, "batch": sys.argv[2]}))' \
+      $((i + 2)) "b$i" | "$LEASH" enqueue --file - >/dev/null
+  done
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 4
+  q "update agent_work_queue set status = 'pending', run_after = now() + interval '1 hour'
+      where batch = 'open1'" >/dev/null
+  # The totals the triggers keep: the table's own counts, per batch.
+  assert_eq "kept totals" "$(q "select batch || ':' || sum(total) from agent_work_queue_batch_totals group by batch order by batch")" \
+    "$(q "select batch || ':' || count(*) from agent_work_queue where batch is not null group by batch order by batch")"
+  start_dashboard "$port"
+  overview_check "$port"
+  assert_eq "batches listed" "$(wc -l <"$T_TMP/shown.txt")" 11
+  assert_not_contains "the oldest batches are not listed" "$(cut -d' ' -f1 "$T_TMP/shown.txt")" "b2"
+  # The finished batches' reports are kept now, and used: the second look says so.
+  assert_eq "reports kept" "$(q "select count(*) from agent_work_queue_batch_reports")" 10
+  # (Kept reports hold once their batch's last attempt is 5 s old: see dashboard_data.c.)
+  wait_for "b5's report to be the kept one" 60 report_kept "$port" "?batch=b5"
+  # A requeue of b5's dead and a new run: the kept report no longer holds (new attempts).
+  expect_exit 0 "$LEASH" requeue --dead --batch b5
+  q "update agent_work_queue set payload = '{}' where batch = 'b5'" >/dev/null
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 2 --batch b5
+  overview_check "$port" "?batch=b5"
+  assert_eq "b5 dead after the requeue" "$(grep '^b5 ' "$T_TMP/shown.txt" | cut -d' ' -f6)" 0
+  # A prune (rows deleted): the totals follow, and so do the counts.
+  q "delete from agent_work_queue where batch = 'b7' and status = 'dead'" >/dev/null
+  overview_check "$port" "?batch=b7"
+  assert_eq "b7 after the delete" "$(grep '^b7 ' "$T_TMP/shown.txt" | cut -d' ' -f2,6)" "6 0"
+  # A batch deleted whole leaves no total behind.
+  q "delete from agent_work_queue where batch = 'b12'" >/dev/null
+  assert_eq "b12's totals" "$(q "select count(*) from agent_work_queue_batch_totals where batch = 'b12'")" 0
+  overview_check "$port"
+  # Four processes enqueueing into one batch at once: no count lost.
+  for i in 1 2 3 4; do
+    "$PY" -c 'import json
+for k in range(300): print(json.dumps({"payload": {}, "batch": "par"}))' >"$T_TMP/par$i.jsonl"
+  done
+  local pids=()
+  for i in 1 2 3 4; do
+    "$LEASH" enqueue --file - <"$T_TMP/par$i.jsonl" >/dev/null &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || fail "a parallel enqueue failed"; done
+  assert_eq "par's total" "$(q "select sum(total) from agent_work_queue_batch_totals where batch = 'par'")" 1200
+  overview_check "$port"
+  stop_dashboard
+}
+
+case_a_task_page_shows_its_attempt_history_as_sql_has_it() {
+  run_setup
+  local port id
+  port=$(free_port)
+  cat >"$T_TMP/flaky.lua" <<'LUA'
+local leash = require "leash"
+return { label = "v9", handle = function(task)
+  if task.attempt < 3 then return leash.retry("try " .. task.attempt, 0) end
+  return leash.fatal("gave up <b>")
+end }
+LUA
+  id=$("$LEASH" enqueue --batch h '{}')
+  expect_exit 0 "$LEASH" run "$T_TMP/flaky.lua" --until-empty --worker-id pod-a
+  start_dashboard "$port"
+  local page want
+  page=$(http GET "http://127.0.0.1:$port/api/task?id=$id" | tail -n +2)
+  want=$(q "select string_agg(attempt || ' ' || kind || ' ' || coalesce(cause, '-') || ' ' || worker || ' ' || label, ',' order by finished_at, lease_token) from agent_work_queue_attempts where task_id = $id")
+  assert_eq "attempts in the JSON against SQL" "$("$PY" -c 'import json,sys
+print(",".join("%s %s %s %s %s" % (a["attempt"], a["kind"], a["cause"] or "-", a["worker"], a["label"]) for a in json.loads(sys.argv[1])["attempts"]))' "$page")" "$want"
+  [[ $want == *"dead"* ]] || fail "the history has no dead attempt: $want"
+  page=$(http GET "http://127.0.0.1:$port/task?id=$id")
+  assert_eq "attempt rows on the page" "$(grep -o '<tr class=attempt>' <<<"$page" | wc -l)" \
+    "$(q "select count(*) from agent_work_queue_attempts where task_id = $id")"
+  assert_contains "the error, escaped" "$page" "gave up &lt;b&gt;"
+  assert_contains "the label" "$page" "(v9)"
+  stop_dashboard
+}
+
 # pixels JSON KEY: a number from the screenshot step's output.
 jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); v=eval("d"+sys.argv[2]); print(json.dumps(v) if not isinstance(v,str) else v)' "$1" "$2"; }
 
