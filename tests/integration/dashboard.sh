@@ -274,6 +274,15 @@ case_hostile_values_are_escaped_in_every_page() {
       where id = 1" >/dev/null
   q "insert into agent_work_queue_holds (kind, scope, source, reason)
      select 'tenant', payload->>'note', 'pause', payload->>'note' from agent_work_queue" >/dev/null
+  q "insert into agent_work_queue_attempts (task_id, lease_token, attempt, worker, label, kind,
+       cause, status, error)
+     select id, 1, 1, payload->>'note', payload->>'note', 'dead', payload->>'note', 'dead',
+            payload->>'note' from agent_work_queue" >/dev/null
+  q "insert into agent_work_queue_canaries (script, script_name, version, label, share,
+       min_tasks, max_fail_delta, max_retry_delta, auto_promote, state, decision)
+     select 'x', payload->>'note', repeat('ab', 32), payload->>'note', 10, 5, 0.1, 0.1, false,
+            'aborted', jsonb_build_object('verdict', payload->>'note', 'reason', payload->>'note')
+       from agent_work_queue" >/dev/null
   q "insert into agent_work_queue_usage (task_id, batch, budget, model, input_tokens,
        output_tokens, tokens, cost)
      select id, batch, payload->>'note', payload->>'note', 1, 2, 3, 0.5 from agent_work_queue" >/dev/null
@@ -459,7 +468,23 @@ for i in range(240):
     if i % 6 == 0:
         p["die"] = "<script>document.title=\"pwned\"</script> quota & \"limits\""
     print(json.dumps({"payload": p, "batch": sys.argv[1]}))' "$batch" >"$T_TMP/tasks.jsonl"
+  # Last night's batch of the same name's shape, finished (by hand: 10 done, 2 dead, 100 s
+  # of wall time), enqueued before tonight's: the page's comparison.
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, started_at,
+       run_started_at, finished_at)
+     select 't', 'prev' || i, '{}', 'night <2025>', case when i <= 2 then 'dead' else 'done' end,
+            timestamptz '2026-11-30 01:00Z', timestamptz '2026-11-30 01:00Z',
+            timestamptz '2026-11-30 01:00Z' + interval '1 second' * (100 * i / 12)
+       from generate_series(1, 12) i;
+     " >/dev/null
   enqueue_file "$T_TMP/tasks.jsonl" 240
+  # A canary rolled back: the canary section.
+  q "insert into agent_work_queue_canaries (script, script_name, version, share, min_tasks,
+       max_fail_delta, max_retry_delta, auto_promote, state, decided_at, decided_by, decision)
+     values ('return 1', 'grade.lua', repeat('ab', 32), 10, 50, 0.05, 0.1, false, 'rolled_back',
+       now(), 'auto', jsonb_build_object('verdict', 'rollback', 'reason', 'failure 40% vs 2%',
+       'candidate_executions', 25, 'candidate_failed', 10, 'current_executions', 200,
+       'current_failed', 4))" >/dev/null
   start_dashboard "$port" --token-file "$T_TMP/token"
   local bq="batch = 'night <2026>'"
   # The browser first, with its own profile (skipped when it cannot start here), so the
@@ -483,7 +508,7 @@ for i in range(240):
   fi
   start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100
   wait_for "a done and a dead task" 60 \
-    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue"
+    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue where $bq"
   local base="http://127.0.0.1:$port" b="$T_TMP/browser"
   browser() { "$PY" "$BROWSER_PY" "$T_TMP/chromium" "$@"; }
 
@@ -517,6 +542,17 @@ for i in range(240):
   (($(jget "$b.live" '["chart_pixels"]["done"]') > 0)) || fail "no done bar in the chart"
   (($(jget "$b.live" '["chart_pixels"]["dead"]') > 0)) || fail "no dead bar in the chart"
   [[ -z ${LEASH_DASHBOARD_SCREENSHOT:-} ]] || cp "$T_TMP/live.png" "$LEASH_DASHBOARD_SCREENSHOT"
+  # Against last night (the batch of the same shape): its wall and dead as SQL has them.
+  assert_eq "previous batch shown" "$(jget "$b.live" '["previous_batch"]')" "night <2025>"
+  assert_eq "previous wall shown" "$(jget "$b.live" '["wall_previous"]')" \
+    "$(q "select to_char(extract(epoch from max(finished_at) - min(started_at)), 'FM990.00') || ' s'
+          from agent_work_queue where batch = 'night <2025>'")"
+  assert_eq "previous dead shown" "$(jget "$b.live" '["previous_dead"]')" \
+    "$(q "select count(*) from agent_work_queue where batch = 'night <2025>' and status = 'dead'")"
+  # The canary as SQL has it.
+  assert_eq "canary shown" "$(jget "$b.live" '["canaries"]')" \
+    "$(q "select json_build_array(json_build_array(state, decision->>'verdict', decision->>'reason'))
+          from agent_work_queue_canaries")"
 
   # 2. Pause the batch through the page: the hold is in SQL, the workers stop claiming it;
   #    once its leases are settled the page's numbers equal SQL's exactly.
@@ -541,6 +577,9 @@ for i in range(240):
   assert_eq "last error shown as text" "$(jget "$b.task" '["last_error"]')" \
     "$(q "select last_error from agent_work_queue where id = $id")"
   assert_eq "no script on the task page" "$(jget "$b.task" '["scripts"]')" 0
+  assert_eq "its attempts shown as SQL has them" "$(jget "$b.task" '["attempts"]')" \
+    "$(q "select json_agg(attempt || ' ' || kind order by finished_at, lease_token)
+          from agent_work_queue_attempts where task_id = $id")"
   browser submit "$base/task?id=$id" requeue "$TOKEN" "id=$id" >"$b.requeue" || fail "browser: $(cat "$b.requeue")"
   assert_eq "requeue result" "$(jget "$b.requeue" '["message"]')" "requeued task $id"
   assert_eq "requeued in SQL" "$(q "select status || ' ' || attempts from agent_work_queue where id = $id")" "pending 0"
