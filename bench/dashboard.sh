@@ -78,3 +78,14 @@ psql -X -q -d "$DATABASE_URL" -c '\timing on' -c "
                               count(*) FILTER (WHERE q.status = 'dead') AS dead
                          FROM agent_work_queue q WHERE q.batch = b.batch) k" |
   sed -n 's/^Time: \(.*\)/counting the 10 newest batches by status (the list before sql\/021): \1/p'
+# What the totals' INSERT trigger costs a child enqueue (one row per statement, every client
+# into the same batch, so its total rows are shared): pgbench, 4 clients, 5 s, with the
+# trigger and without, two alternating rounds (tps; a loaded machine is noisy: compare the
+# pairs).
+for round in 1 2; do
+  for mode in ENABLE DISABLE; do
+    psql -X -q -d "$DATABASE_URL" -c "ALTER TABLE agent_work_queue $mode TRIGGER agent_work_queue_batch_totals_insert"
+    printf 'child inserts, trigger %-7s round %d: ' "${mode,,}d" "$round"
+    pgbench -n -f bench/sql/child_insert.sql -c 4 -j 2 -T 5 "$DB" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1 tps/p'
+  done
+done
