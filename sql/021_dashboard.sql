@@ -1,9 +1,10 @@
 -- The dashboard's reads, cheap on millions of rows (issue 18; README "Dashboard",
 -- src/dashboard_data.c). Measured before this migration (bench/dashboard.sh: 2,000,000 rows
--- over 20 batches of 100,000, 19 finished): a batch's numbers are a pass over its rows
--- (`leash report --batch`, 190 to 260 ms per 100,000 rows), so a list of the 10 newest
--- batches cost over 2 s, and the list stayed short (only batches among the newest 10,000
--- rows) because naming older batches meant a pass over the table.
+-- over 20 batches of 100,000, 19 finished): a batch's numbers were a pass over its rows (its
+-- report, `leash report --batch`, 190 to 390 ms per 100,000 rows; its counts by status 25 to
+-- 85 ms), for every batch listed and every look, so the list named only the batches among
+-- the newest 10,000 rows (counting the 10 newest batches took 300 to 840 ms). After: a
+-- finished batch's page 66 ms (318 before), the 10 newest listed for a few probes each.
 --
 -- Two tables, neither touched by the claim or the settle:
 --
@@ -15,8 +16,10 @@
 -- into the parent's batch, and one row per batch would queue them all on its lock until
 -- each commit. The readers sum a batch's rows. A TRUNCATE empties it. What it does not see:
 -- a row's batch changed by hand (UPDATE ... SET batch; leash never does), which would need
--- an UPDATE trigger, and every settle is an UPDATE. The counts were those at this
--- migration (one pass, once).
+-- an UPDATE trigger, and every settle is an UPDATE. The rows already there are counted by
+-- this migration (one pass, once). Like the heads' triggers (011), two transactions that
+-- insert into the same two batches in opposite orders, in separate statements, can deadlock
+-- here (PostgreSQL aborts one); within a statement the batches are taken in order.
 --
 -- <table>_batch_reports: a finished batch's report (report.c's JSON, no pending or leased
 -- row), computed once by the dashboard and kept with the batch's total and when it was last
@@ -24,9 +27,10 @@
 -- (prune), and no attempt of an id in the batch's range ended after checked_at (a requeue
 -- and a new settle since: the attempt history, sql/016, by its finished_at index, so the
 -- check reads the attempts since the last look, not the batch); each successful check moves
--- checked_at to now. Older than 6 hours unchecked it is computed again (the attempts since
--- could be many). Rows settled by hand without an attempt are not seen: reload with
--- ?fresh=1. Only the dashboard writes it; deleting its rows is always safe.
+-- checked_at to 5 s before now (a settle's attempt carries its transaction's start, and may
+-- commit just after a look). Older than 6 hours unchecked it is computed again (the attempts since
+-- could be many). Rows settled by hand without an attempt are not seen (delete the batch's
+-- row here). Only the dashboard writes it; deleting its rows is always safe.
 
 CREATE TABLE IF NOT EXISTS {{obj:batch_totals}} (
   batch     text NOT NULL,

@@ -1,10 +1,11 @@
 /*
  * dashboard: what `leash dashboard` serves (libmicrohttpd, one internal thread, so the one
  * database connection is never shared): an HTML page per view and the same data as JSON
- * under /api/. Every view is read from the database on request, with read-only statements
- * bounded by statement_timeout and by the indexes that exist (see dashboard_data.c); nothing
- * is cached. Actions (requeue, cancel, pause, resume) are POSTs that need the token: the
- * page is for looking, a button does nothing without it.
+ * under /api/. Every view is read from the database on request, with statements bounded by
+ * statement_timeout and by the indexes that exist (see dashboard_data.c); the one thing
+ * kept is a finished batch's report (sql/021's <table>_batch_reports, the dashboard's only
+ * write), used while it still holds. Actions (requeue, cancel, pause, resume) are POSTs
+ * that need the token: the page is for looking, a button does nothing without it.
  *
  * Routes: GET / (?batch=B), GET /task?id=N, GET /dashboard.css, GET /api/overview
  * (?batch=B), GET /api/task?id=N, POST /api/requeue|cancel|pause|resume (form fields or
