@@ -331,8 +331,10 @@ static json_t *batch_report_kept(PGconn *c, const struct db_table *t, const stru
     return rep;
   if (!(rep = batch_report(c, t, batch, err, errlen)))
     return NULL;
-  /* Kept only when it is a finished batch's (it may have opened since the probe). */
-  if (json_is_true(json_object_get(rep, "settled")) && !*open) {
+  /* Kept only when it is a finished batch's (it may have opened since the probe), and one
+     with rows: a GET of any ?batch= name must not add rows to the table. */
+  if (json_is_true(json_object_get(rep, "settled")) && !*open &&
+      json_integer_value(json_object_get(rep, "total")) > 0) {
     char total[32], *text = json_dumps(rep, JSON_COMPACT | JSON_REAL_PRECISION(17));
     snprintf(total, sizeof total, "%lld", (long long)json_integer_value(json_object_get(rep, "total")));
     const char *kp[] = { batch, total, text };

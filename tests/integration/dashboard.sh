@@ -384,6 +384,9 @@ for k in range(n): print(json.dumps({"payload": {"die": "no"} if k % 3 == 0 else
   assert_eq "reports kept" "$(q "select count(*) from agent_work_queue_batch_reports")" 10
   # (Kept reports hold once their batch's last attempt is 5 s old: see dashboard_data.c.)
   wait_for "b5's report to be the kept one" 60 report_kept "$port" "?batch=b5"
+  # A batch that does not exist is shown empty, and nothing is kept for it.
+  assert_eq "a look at no batch" "$(http_status GET "http://127.0.0.1:$port/api/overview?batch=no-such-batch")" 200
+  assert_eq "reports kept after a look at no batch" "$(q "select count(*) from agent_work_queue_batch_reports where batch = 'no-such-batch'")" 0
   # A requeue of b5's dead and a new run: the kept report no longer holds (new attempts).
   expect_exit 0 "$LEASH" requeue --dead --batch b5
   q "update agent_work_queue set payload = '{}' where batch = 'b5'" >/dev/null
