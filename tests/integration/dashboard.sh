@@ -445,6 +445,40 @@ print(",".join("%s %s %s %s %s" % (a["attempt"], a["kind"], a["cause"] or "-", a
   stop_dashboard
 }
 
+case_a_batch_is_compared_with_the_previous_one_of_its_name_else_the_previous_run() {
+  run_setup
+  local port
+  port=$(free_port)
+  # Three batches in this order, finished by hand with wall times of 40, 25 and 10 s.
+  local b w
+  for b in "nightly-2026-11-30:40" "adhoc <x>:25" "nightly-2026-12-01:10"; do
+    w=${b##*:} b=${b%:*}
+    q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, started_at,
+         run_started_at, finished_at)
+       select 't', md5(random()::text), '{}', '$b', case when i = 1 then 'dead' else 'done' end,
+              now() - interval '2 hours', now() - interval '2 hours',
+              now() - interval '2 hours' + interval '1 second' * ($w * i / 5)
+         from generate_series(1, 5) i" >/dev/null
+  done
+  start_dashboard "$port"
+  # prev BATCH: the previous batch, how it was matched and its wall time, from the JSON.
+  prev() {
+    http GET "http://127.0.0.1:$port/api/overview?batch=$("$PY" -c 'import sys,urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$1")" |
+      tail -n +2 | "$PY" -c 'import json,sys; p=json.load(sys.stdin)["previous"]
+print("none" if p is None else "%s|%s|%s" % (p["batch"], p["how"], p["wall_s"]))'
+  }
+  wall() { q "select extract(epoch from max(finished_at) - min(started_at))::float8 from agent_work_queue where batch = '$1'"; }
+  assert_eq "tonight against last night (same name, digits aside)" "$(prev nightly-2026-12-01)" \
+    "nightly-2026-11-30|name|$(wall nightly-2026-11-30)"
+  assert_eq "a batch of a new name against the previous run" "$(prev "adhoc <x>")" \
+    "nightly-2026-11-30|previous|$(wall nightly-2026-11-30)"
+  assert_eq "the first batch has none" "$(prev nightly-2026-11-30)" none
+  local page
+  page=$(http GET "http://127.0.0.1:$port/?batch=nightly-2026-12-01")
+  assert_contains "the comparison on the page" "$page" '<td id=wall-previous>40.00 s</td><td>-75.0%</td>'
+  stop_dashboard
+}
+
 # pixels JSON KEY: a number from the screenshot step's output.
 jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); v=eval("d"+sys.argv[2]); print(json.dumps(v) if not isinstance(v,str) else v)' "$1" "$2"; }
 
