@@ -256,9 +256,11 @@ static void compare(struct buf *b, json_t *rep, json_t *prev)
   buf_puts(b, "</td><td id=wall-previous>");
   seconds(b, w0);
   buf_puts(b, "</td><td>");
-  if (json_is_number(w1) && json_is_number(w0) && json_number_value(w0) > 0)
-    buf_printf(b, "%+.1f%%%s", 100 * (json_number_value(w1) / json_number_value(w0) - 1),
-               json_is_true(json_object_get(rep, "settled")) ? "" : " (this one runs still)");
+  /* A running batch's wall is the time so far: no change in per cent until it ends. */
+  if (!json_is_true(json_object_get(rep, "settled")))
+    buf_puts(b, "so far: this batch runs still");
+  else if (json_is_number(w1) && json_is_number(w0) && json_number_value(w0) > 0)
+    buf_printf(b, "%+.1f%%", 100 * (json_number_value(w1) / json_number_value(w0) - 1));
   buf_puts(b, "</td></tr>");
   static const char *const keys[] = { "total", "done", "dead" };
   for (size_t i = 0; i < 3; i++) {
