@@ -30,6 +30,16 @@ struct dashboard *dashboard_start(const char *addr, const char *token, PGconn *c
                                   const struct db_table *t, char *err, size_t errlen);
 void dashboard_stop(struct dashboard *d);
 
+/* `leash run --dashboard ADDR`: the same pages served by the worker process, read-only (no
+   token, so every action answers 403), on a loopback address only (kubectl port-forward
+   reaches a pod's loopback), with its own database connection (conninfo, table: the run's)
+   and its own thread, which takes no signal (the worker's signal thread does). NULL with err
+   (one line, "--dashboard: ..."). */
+struct dashboard_side;
+struct dashboard_side *dashboard_side_start(const char *addr, const char *conninfo,
+                                            const char *table, char *err, size_t errlen);
+void dashboard_side_stop(struct dashboard_side *s);
+
 /* 1 when every address host resolves to is a loopback one (127.0.0.0/8, ::1), 0 when any is
    not or host is empty (every interface), -1 with err when it does not resolve. */
 int dashboard_addr_is_loopback(const char *addr, char *err, size_t errlen);

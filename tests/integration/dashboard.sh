@@ -479,6 +479,43 @@ print("none" if p is None else "%s|%s|%s" % (p["batch"], p["how"], p["wall_s"]))
   stop_dashboard
 }
 
+case_a_worker_serves_the_dashboard_read_only_on_loopback_only() {
+  run_setup
+  write_script
+  token_file
+  local port addr
+  port=$(free_port)
+  for addr in 0.0.0.0:8089 :8089 "[::]:8089" 192.0.2.1:8089; do
+    expect_exit 2 "$LEASH" run "$T_TMP/batch.lua" --dashboard "$addr"
+    assert_eq "stderr lines for $addr" "$(wc -l <"$T_ERR")" 1
+    assert_contains "error for $addr" "$(cat "$T_ERR")" "not a loopback address"
+  done
+  expect_exit 2 "$LEASH" run "$T_TMP/batch.lua" --dashboard 127.0.0.1:0
+  "$PY" -c 'import json
+for k in range(30): print(json.dumps({"payload": {"sleep": 0.1, "die": "x"} if k % 5 == 0 else {"sleep": 0.1}, "batch": "w1"}))' |
+    "$LEASH" enqueue --file - >/dev/null
+  start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100 --dashboard "127.0.0.1:$port"
+  wait_for "the worker's dashboard to answer" 60 eval "[[ \$(http_status GET http://127.0.0.1:$port/api/overview) == 200 ]]"
+  wait_for "the batch to finish" 120 q_true "select count(*) = 0 from agent_work_queue where status in ('pending', 'leased')"
+  overview_check "$port" "?batch=w1"
+  assert_eq "w1 as the worker's dashboard shows it" "$(cat "$T_TMP/shown.txt")" "w1 30 0 0 24 6"
+  local id
+  id=$(q "select min(id) from agent_work_queue where status = 'dead'")
+  assert_contains "a task's page" "$(http GET "http://127.0.0.1:$port/task?id=$id")" "<tr class=attempt>"
+  # Read-only: every action refused, with any token; nothing changes.
+  for action in requeue cancel pause resume; do
+    assert_eq "$action on the worker's dashboard" \
+      "$(http_status POST "http://127.0.0.1:$port/api/$action" "batch=w1" "Authorization: Bearer $TOKEN")" 403
+  done
+  assert_eq "dead after refused actions" "$(q "select count(*) from agent_work_queue where status = 'dead'")" 6
+  assert_eq "holds after refused actions" "$(q "select count(*) from agent_work_queue_holds")" 0
+  # One TERM: the worker drains and exits 0, the dashboard with it (under ASan: no leak).
+  kill -TERM "${W_PID[W]}"
+  assert_worker_exit W 60 0
+  [[ $(http_status GET "http://127.0.0.1:$port/api/overview" 2>/dev/null) != 200 ]] ||
+    fail "the worker's dashboard still answers after the worker exited"
+}
+
 # pixels JSON KEY: a number from the screenshot step's output.
 jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); v=eval("d"+sys.argv[2]); print(json.dumps(v) if not isinstance(v,str) else v)' "$1" "$2"; }
 
