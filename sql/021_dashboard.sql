@@ -19,7 +19,11 @@
 -- an UPDATE trigger, and every settle is an UPDATE. The rows already there are counted by
 -- this migration (one pass, once). Like the heads' triggers (011), two transactions that
 -- insert into the same two batches in opposite orders, in separate statements, can deadlock
--- here (PostgreSQL aborts one); within a statement the batches are taken in order.
+-- here (PostgreSQL aborts one); within a statement the batches are taken in order. The
+-- totals only choose which batches are listed and tell whether a kept report still holds:
+-- the numbers shown are always counted (a kept report, or a pass), so a total that is off
+-- (a hand-made UPDATE of batch, a prune emptying a batch while rows are added to it) costs
+-- a recomputation on every look, never a wrong figure.
 --
 -- <table>_batch_reports: a finished batch's report (report.c's JSON, no pending or leased
 -- row), computed once by the dashboard and kept with the batch's total and when it was last

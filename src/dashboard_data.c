@@ -336,16 +336,16 @@ static json_t *batch_report_kept(PGconn *c, const struct db_table *t, const stru
   if (json_is_true(json_object_get(rep, "settled")) && !*open &&
       json_integer_value(json_object_get(rep, "total")) > 0) {
     char total[32], *text = json_dumps(rep, JSON_COMPACT | JSON_REAL_PRECISION(17));
-    snprintf(total, sizeof total, "%lld", (long long)json_integer_value(json_object_get(rep, "total")));
+    char *keep = text ? sqlf(keep_fmt, nm->reports) : NULL;
+    snprintf(total, sizeof total, "%lld",
+             (long long)json_integer_value(json_object_get(rep, "total")));
     const char *kp[] = { batch, total, text };
-    PGresult *k = text && (sql = sqlf(keep_fmt, nm->reports)) ? db_exec(c, sql, 3, kp, err, errlen)
-                                                               : NULL;
-    if (text && sql)
-      free(sql);
+    PGresult *k = keep ? db_exec(c, keep, 3, kp, err, errlen) : NULL;
     /* Not kept is only slower next time: the report itself is right. */
     if (!k)
-      log_warn("dashboard: a finished batch's report not kept: %s", text ? err : "out of memory");
+      log_warn("dashboard: a finished batch's report not kept: %s", keep ? err : "out of memory");
     PQclear(k);
+    free(keep);
     free(text);
     err[0] = '\0';
   }
