@@ -289,8 +289,9 @@ BEGIN
   END LOOP;
 END $$;
 
--- Statement triggers: one DELETE per statement, not a check per row. They run as the role
--- that deletes from the queue (prune runs as the owner; docs/worker-role.sql).
+-- Statement triggers: one DELETE per statement, not a check per row. They run as their
+-- owner, as the key's cascade did (a role that may delete queue rows need not be granted the
+-- history), with the search path pinned to the queue's schema (pg_temp last).
 CREATE OR REPLACE FUNCTION {{obj:attempts_gone}}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
@@ -306,3 +307,10 @@ CREATE TRIGGER {{name:attempts_gone}} AFTER DELETE ON {{table}}
 DROP TRIGGER IF EXISTS {{name:attempts_truncated}} ON {{table}};
 CREATE TRIGGER {{name:attempts_truncated}} AFTER TRUNCATE ON {{table}}
   FOR EACH STATEMENT EXECUTE FUNCTION {{obj:attempts_gone}}();
+DO $$
+BEGIN
+  EXECUTE format('ALTER FUNCTION %s() SECURITY DEFINER SET search_path = %I, pg_temp',
+                 {{objlit:attempts_gone}},
+                 (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE c.oid = {{table_literal}}::regclass));
+END $$;

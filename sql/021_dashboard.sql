@@ -99,6 +99,22 @@ END $$;
 CREATE OR REPLACE TRIGGER {{name:batch_totals_truncate}} AFTER TRUNCATE ON {{table}}
   FOR EACH STATEMENT EXECUTE FUNCTION {{obj:batch_totals_clear}}();
 
+-- The totals are kept for whoever inserts or deletes queue rows (a producer's role has
+-- INSERT on the queue, not on these tables): the triggers' functions run as their owner,
+-- as a foreign key's checks do, with the search path pinned to the queue's schema (pg_temp
+-- last, so no temporary table can stand in for these).
+DO $$
+DECLARE
+  s text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.oid = {{table_literal}}::regclass);
+  f text;
+BEGIN
+  FOREACH f IN ARRAY ARRAY[{{objlit:batch_totals_add}}, {{objlit:batch_totals_sub}},
+                           {{objlit:batch_totals_clear}}] LOOP
+    EXECUTE format('ALTER FUNCTION %s() SECURITY DEFINER SET search_path = %I, pg_temp', f, s);
+  END LOOP;
+END $$;
+
 -- The rows already there (slot 0).
 INSERT INTO {{obj:batch_totals}} (batch, slot, total, first_id, last_id, first_at)
 SELECT batch, 0, count(*), min(id), max(id), min(created_at)
