@@ -922,6 +922,7 @@ class Batches:
             return sum(c[k] for c in self.counts.values())
         out = {k: total(k) for k in self.counts[OPENAI]}
         out["live"] = len(self.live)
+        out["files"] = len(self.files)
         tok = {p: dict(u, total=u["prompt"] + u["completion"]) for p, u in self.usage.items()}
         out["tokens"] = {k: sum(t[k] for t in tok.values()) for k in ("prompt", "completion", "total")}
         out["by_provider"] = {p: dict(self.counts[p], tokens=tok[p]) for p in (OPENAI, ANTHROPIC)}
