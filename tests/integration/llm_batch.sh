@@ -85,4 +85,64 @@ case_five_tasks_go_through_one_openai_batch_and_are_done_with_the_sync_answer() 
   assert_eq "items (state|tries)" "$(q "select string_agg(distinct state || '|' || tries, ',') from $IT")" "done|0"
 }
 
+# Three processes at once, 30 tasks, batches of at most 10: exactly one process is the
+# batcher (every batch row names it, the others log nothing of the kind), every item went
+# to the provider in exactly one batch (the mock saw 30 items), and every task is done once.
+case_three_processes_elect_one_batcher_and_every_item_is_in_exactly_one_batch() {
+  lb_setup
+  start_mock --batch-delay-s 1
+  enqueue_n 30
+  local w
+  for w in A B C; do
+    # shellcheck disable=SC2046
+    start_worker "$w" "$AFIX" --concurrency 2 $(batch_flags) --llm-batch-max 10
+  done
+  wait_for "all 30 to be done" 120 q_true "select count(*) = 30 from $QT where status = 'done'"
+  assert_eq "batchers named by the batches" "$(q "select count(distinct submitted_by) from $BT")" 1
+  local leader
+  leader=$(q "select min(submitted_by) from $BT")
+  local n=0
+  for w in A B C; do log_has "$w" "is the fleet's batcher" && n=$((n + 1)); done
+  assert_eq "processes that led" "$n" 1
+  log_has "$leader" "worker $leader is the fleet's batcher" || fail "the batches' author $leader did not log its lead"
+  assert_eq "items answered, each in one batch (items|distinct tasks|batched)" \
+    "$(q "select count(*) || '|' || count(distinct task_id) || '|' || count(batch_id) from $IT where state = 'done'")" "30|30|30"
+  assert_eq "batch sizes add up" "$(q "select sum(items) from $BT where state = 'ended'")" 30
+  assert_eq "items the mock received" "$(mock_stat batches items)" 30
+  assert_eq "batches the mock received = batch rows" "$(mock_stat batches created)" "$(q "select count(*) from $BT")"
+  assert_eq "attempts" "$(q "select string_agg(distinct attempts::text, ',') from $QT")" 1
+  assert_eq "executions that entered the step (30 asked, 30 answered)" "$(q "select count(*) from entered")" 60
+  stop_workers A B C
+}
+
+# The batcher's process dies (SIGKILL) while its batch is open at the provider: another
+# process takes the lead, polls the batch the dead one submitted, and every task is done;
+# no item is sent again (the mock saw each once).
+case_when_the_batcher_dies_another_process_takes_over_and_finishes_its_batch() {
+  lb_setup
+  start_mock --batch-delay-s 6
+  enqueue_n 20
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 4 --visibility 5 $(batch_flags)
+  wait_for "A to lead" 30 log_has A "worker A is the fleet's batcher"
+  local w
+  for w in B C; do
+    # shellcheck disable=SC2046
+    start_worker "$w" "$AFIX" --concurrency 2 --visibility 5 $(batch_flags)
+  done
+  wait_for "A to submit all 20 items" 60 q_true \
+    "select count(*) = 20 from $IT where state = 'submitted'
+      and batch_id in (select id from $BT where state = 'open' and submitted_by = 'A')"
+  kill -KILL "${W_PID[A]}"
+  wait_for "A to be gone" 10 exited "${W_PID[A]}"
+  wait_for "B or C to lead" 60 eval 'log_has B "is the fleet'"'"'s batcher" || log_has C "is the fleet'"'"'s batcher"'
+  wait_for "all 20 to be done" 120 q_true "select count(*) = 20 from $QT where status = 'done'"
+  assert_eq "A's batches (state)" "$(q "select string_agg(distinct state, ',') from $BT where submitted_by = 'A'")" ended
+  assert_eq "items the mock received" "$(mock_stat batches items)" 20
+  assert_eq "batches the mock received" "$(mock_stat batches created)" "$(q "select count(*) from $BT")"
+  assert_eq "items answered (count|tries)" \
+    "$(q "select count(*) || '|' || max(tries) from $IT where state = 'done'")" "20|0"
+  stop_workers B C
+}
+
 t_run "$@"
