@@ -145,4 +145,88 @@ case_when_the_batcher_dies_another_process_takes_over_and_finishes_its_batch() {
   stop_workers B C
 }
 
+# The mock fails half the items of every batch (the same ones every run): each failed item
+# goes into a later batch with its cause recorded, and every task is done on its first
+# attempt.
+case_failed_items_go_to_a_later_batch_and_every_task_is_done_with_the_causes_recorded() {
+  lb_setup
+  start_mock --batch-delay-s 1 --batch-fail-rate 0.5
+  enqueue_n 10 '"tries": 20'
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 2 $(batch_flags) --until-empty
+  assert_worker_exit A 180 0
+  assert_no_sanitizer_reports
+  assert_eq "tasks (status|attempts)" "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
+  local retried
+  retried=$(q "select count(*) from $IT where tries > 0")
+  [[ $retried -ge 1 ]] || fail "no item failed at a fail rate of 0.5 (the mock's seed changed?)"
+  assert_eq "batches: more than one" "$(q "select count(*) > 1 from $BT")" t
+  assert_eq "every retried item's causes are its failures" \
+    "$(q "select bool_and(cardinality(causes) = tries and causes[1] like 'item_failed: %') from $IT where tries > 0")" t
+  assert_eq "items failed by the mock = tries spent" "$(mock_stat batches items_failed)" "$(q "select sum(tries) from $IT")"
+  assert_eq "answers are still the sync ones (task 1)" \
+    "$(q "select result->>'content' from $QT where (payload->>'n')::int = 1")" "$(sync_content 1)"
+}
+
+# An item that fails every try (the mock's [mock:500] marker): after its tries the task's
+# leash.llm.batch raises, a retry that spends an attempt; the next attempt asks afresh; past
+# max_attempts the task is dead with the item's cause in its error. Its neighbour in the
+# same batches is done.
+case_an_item_failing_every_try_retries_its_task_and_then_the_task_is_dead_with_the_cause() {
+  lb_setup
+  start_mock --batch-delay-s 1
+  local bad good
+  bad=$("$LEASH" enqueue --max-attempts 2 '{"n": 1, "marker": " [mock:500]", "tries": 2}')
+  good=$("$LEASH" enqueue '{"n": 2, "tries": 2}')
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 2 $(batch_flags) --backoff-base 1.5 --until-empty
+  assert_worker_exit A 180 0
+  assert_no_sanitizer_reports
+  assert_eq "the bad task (status|attempts|cause)" \
+    "$(q "select status || '|' || attempts || '|' || last_cause from $QT where id = $bad")" "dead|2|script_error"
+  assert_contains "its error" "$(q "select last_error from $QT where id = $bad")" "failed after 2 tries: item_failed:"
+  assert_eq "its items (state|tries|causes), one per attempt" \
+    "$(q "select string_agg(state || '|' || tries || '|' || cardinality(causes), ',' order by id) from $IT where task_id = $bad")" \
+    "spent|2|2,spent|2|2"
+  assert_eq "the good task (status|attempts)" "$(q "select status || '|' || attempts from $QT where id = $good")" "done|1"
+}
+
+# A batch that expires with half its items done: the done half is answered; of the rest,
+# the items whose call gave a fallback wake to it (a synchronous call: the task's result
+# says so), the others go into a new batch (the mock stops expiring after the first), and
+# every task is done on its first attempt with cause batch_expired recorded on its item.
+case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch() {
+  lb_setup
+  start_mock --batch-delay-s 2 --batch-expire --batch-expire-done 0.5
+  local i
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    if ((i % 2)); then
+      "$LEASH" enqueue "{\"n\": $i, \"fallback_url\": \"$MOCK\"}" >/dev/null
+    else
+      "$LEASH" enqueue "{\"n\": $i}" >/dev/null
+    fi
+  done
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 2 $(batch_flags) --until-empty
+  wait_for "the first batch to be open at the provider" 60 q_true \
+    "select count(*) = 1 from $BT where state = 'open' and items = 10"
+  curl -sf "$MOCK/_control" -d '{"batch_expire": false}' >/dev/null || fail "control refused"
+  assert_worker_exit A 180 0
+  assert_no_sanitizer_reports
+  assert_eq "tasks (status|attempts)" "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
+  assert_eq "the first batch" "$(q "select provider_status from $BT order by id limit 1")" expired
+  local fb rebatched
+  fb=$(q "select count(*) from $IT where state = 'fallback'")
+  rebatched=$(q "select count(*) from $IT where state = 'done' and tries = 1")
+  [[ $fb -ge 1 && $rebatched -ge 1 ]] || fail "want some items to fallback ($fb) and some to a new batch ($rebatched)"
+  assert_eq "every unanswered item's cause" \
+    "$(q "select string_agg(distinct last_cause, ',') from $IT where state = 'fallback' or tries > 0")" batch_expired
+  assert_eq "fallback items are those that gave one" \
+    "$(q "select bool_and(fallback) from $IT where state = 'fallback'")" t
+  assert_eq "tasks answered by their fallback" "$(q "select count(*) from $QT where (result->>'fallback')::boolean")" "$fb"
+  assert_eq "the mock's synchronous calls" "$(mock_stat requests /v1/chat/completions)" "$fb"
+  assert_eq "items answered by the mock's expired batch + the new one" \
+    "$(q "select count(*) from $IT where state = 'done'")" $((10 - fb))
+}
+
 t_run "$@"
