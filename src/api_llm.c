@@ -66,7 +66,7 @@ static int l_batch(lua_State *L)
     double d = lua_type(L, 4) == LUA_TNUMBER ? lua_tonumber(L, 4) : -1;
     if (!(d >= 1 && d <= LIFECYCLE_MAX_WAIT_S))
       return luaL_error(L, "leash.llm.batch{...}: deadline must be a number of seconds from 1 "
-                        "to %.0f", LIFECYCLE_MAX_WAIT_S);
+                        "to %d", (int)LIFECYCLE_MAX_WAIT_S);
     deadline = d;
   }
   lua_Integer tries = LLM_DEFAULT_TRIES;
@@ -113,7 +113,7 @@ static int l_batch(lua_State *L)
   if (strcmp(state, "done") == 0) {
     if (jsonlua_decode(L, PQgetvalue(r, 0, 2), (size_t)PQgetlength(r, 0, 2), err,
                        sizeof err) != 0)
-      return luaL_error(L, "leash.llm.batch: the answer of item %lld is unreadable: %s", item,
+      return luaL_error(L, "leash.llm.batch: the answer of item %I is unreadable: %s", (lua_Integer)item,
                         err);
     api_result_free(L, 8);
     return 1;
@@ -127,8 +127,8 @@ static int l_batch(lua_State *L)
   if (strcmp(state, "fallback") == 0) {
     api_result_free(L, 8);
     if (!fallback)   /* the item was stored with one: a script changed between executions */
-      return luaL_error(L, "leash.llm.batch: item %lld's batch expired and this call gives no "
-                        "fallback", item);
+      return luaL_error(L, "leash.llm.batch: item %I's batch expired and this call gives no "
+                        "fallback", (lua_Integer)item);
     lua_pushvalue(L, 6);
     lua_call(L, 0, 1);
     return 1;

@@ -229,4 +229,89 @@ case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch()
     "$(q "select count(*) from $IT where state = 'done'")" $((10 - fb))
 }
 
+# The mock's synchronous Anthropic answer's content for question N.
+sync_message() {
+  curl -sf "$MOCK/v1/messages" -H 'Content-Type: application/json' \
+    -d "{\"model\":\"mock-batch\",\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"question $1\"}]}" |
+    jq -r '.content[0].text'
+}
+
+# Anthropic's Message Batches carry the requests too, and the answers are the synchronous
+# messages. Each answered item's usage is spend at batch prices (the price row's
+# batch_factor, 0.5 by default) with the synchronous price kept beside it: `leash report`
+# shows both, and the batch's spend is the batch-priced sum.
+case_anthropic_batches_answer_and_report_shows_the_cost_at_batch_prices_beside_sync() {
+  lb_setup
+  start_mock --batch-delay-s 1
+  q "insert into ${QT}_prices (model, input_per_mtok, output_per_mtok) values ('mock-batch', 1000, 3000)" >/dev/null
+  local i
+  for i in 1 2 3 4; do
+    "$LEASH" enqueue --batch nightly "{\"n\": $i, \"provider\": \"anthropic\"}" >/dev/null
+  done
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 2 $(batch_flags) --until-empty
+  assert_worker_exit A 120 0
+  assert_no_sanitizer_reports
+  assert_eq "tasks (status|attempts)" "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
+  assert_eq "the mock's Anthropic batches" "$(mock_stat batches by_provider anthropic created)" 1
+  assert_eq "the mock's OpenAI batches" "$(mock_stat batches by_provider openai created)" 0
+  for i in 1 4; do
+    assert_eq "task $i's answer" \
+      "$(q "select result->>'content' from $QT where (payload->>'n')::int = $i")" "$(sync_message "$i")"
+  done
+  assert_eq "usage rows (count|budget|batch)" \
+    "$(q "select count(*) || '|' || string_agg(distinct budget, ',') || '|' || string_agg(distinct batch, ',') from ${QT}_usage")" \
+    "4|llm-batch:anthropic|nightly"
+  assert_eq "each cost is half its synchronous cost, both from the tokens" \
+    "$(q "select bool_and(cost * 2 = sync_cost and sync_cost = (input_tokens * 1000 + output_tokens * 3000) / 1e6
+                        and input_tokens > 0 and output_tokens > 0) from ${QT}_usage")" t
+  local cost sync
+  cost=$(q "select round(sum(cost), 6) from ${QT}_usage")
+  sync=$(q "select round(sum(sync_cost), 6) from ${QT}_usage")
+  assert_eq "the batch's spend" "$(q "select round(spent, 6) from ${QT}_spend where kind = 'batch' and scope = 'nightly'")" "$cost"
+  assert_eq "report --json: cost and sync_cost" \
+    "$("$LEASH" report --batch nightly --json | jq -r '.usage[0] | "\(.calls)|\(.cost)|\(.sync_cost)"')" \
+    "4|$(jq -n "$cost")|$(jq -n "$sync")"
+  assert_contains "report's text" "$("$LEASH" report --batch nightly)" \
+    "llm-batch:anthropic/mock-batch: 4 calls, $(q "select sum(tokens) from ${QT}_usage") tokens, cost $(printf '%.4f' "$cost") at batch prices ($(printf '%.4f' "$sync") synchronously)"
+}
+
+# Bad calls, by class (unknown field, wrong provider, request not an object, tries and
+# deadline out of range or of the wrong type, fallback not a function, outside a step): a
+# script error naming the problem, and nothing stored.
+case_bad_calls_to_leash_llm_batch_are_script_errors_naming_the_problem() {
+  lb_setup
+  local specs=(
+    '{"provider":"openai","request":{"model":"m"},"model":"x"}' 'unknown field model'
+    '{"provider":"gemini","request":{"model":"m"}}'           'provider must be "openai" or "anthropic"'
+    '{"request":{"model":"m"}}'                                'provider must be "openai" or "anthropic"'
+    '{"provider":"openai"}'                                    'request must be a table'
+    '{"provider":"openai","request":"hi"}'                     'request must be a table'
+    '{"provider":"openai","request":[1,2]}'                    'request must be a JSON object, not a list'
+    '{"provider":"openai","request":{"model":"m"},"tries":0}'   'tries must be an integer from 1 to 100'
+    '{"provider":"openai","request":{"model":"m"},"tries":1.5}' 'tries must be an integer from 1 to 100'
+    '{"provider":"openai","request":{"model":"m"},"tries":101}' 'tries must be an integer from 1 to 100'
+    '{"provider":"openai","request":{"model":"m"},"deadline":0}' 'deadline must be a number of seconds from 1'
+    '{"provider":"openai","request":{"model":"m"},"deadline":"soon"}' 'deadline must be a number of seconds from 1'
+    '{"provider":"openai","request":{"model":"m"},"fallback":"sync"}' 'fallback must be a function'
+  )
+  local i ids=()
+  for ((i = 0; i < ${#specs[@]}; i += 2)); do
+    ids+=("$("$LEASH" enqueue --max-attempts 1 "{\"bad\":${specs[i]}}")")
+  done
+  local outside
+  outside=$("$LEASH" enqueue --max-attempts 1 '{"n": 1, "outside_step": true}')
+  start_worker A "$AFIX" --concurrency 2 --poll-ms 10-50 --until-empty
+  assert_worker_exit A 60 0
+  assert_no_sanitizer_reports
+  for ((i = 0; i < ${#specs[@]}; i += 2)); do
+    local id=${ids[i / 2]}
+    assert_eq "spec ${specs[i]}: status|cause" "$(q "select status || '|' || last_cause from $QT where id = $id")" "dead|script_error"
+    assert_contains "spec ${specs[i]}: error" "$(q "select split_part(last_error, E'\n', 1) from $QT where id = $id")" "${specs[i + 1]}"
+  done
+  assert_contains "outside a step" "$(q "select split_part(last_error, E'\n', 1) from $QT where id = $outside")" \
+    "leash.llm.batch: only inside leash.step"
+  assert_eq "items stored" "$(q "select count(*) from $IT")" 0
+}
+
 t_run "$@"
