@@ -12,8 +12,11 @@
 --              in <table>_llm_batches.
 --   done       the batch ended with an answer for it (<table>_llm_batch_end); the event is
 --              signalled in the same transaction, so the task wakes; its next execution
---              re-enters the step and leash.llm.batch returns the answer (the step stores
---              it: the item is not read again).
+--              re-enters the step and leash.llm.batch returns the answer, once: the item
+--              becomes 'spent' (handed_at set) and the step stores the answer. A step that
+--              rejects the answer (raises: a malformed grade) asks afresh on its next
+--              attempt instead of reading the same answer for ever; a step whose store is
+--              lost with its lease asks again too (paid twice, as a synchronous call would).
 --   pending    again, when the batch gave no answer for it (an errored line, a line
 --              missing, an expiry without fallback) and it has tries left: a later batch.
 --   failed     no tries left: signalled; the next execution's leash.llm.batch raises the
@@ -22,7 +25,8 @@
 --   fallback   the batch expired (or was cancelled) before answering it and the call gave a
 --              fallback: signalled; the next execution calls the fallback (a synchronous
 --              call, the script's own) instead.
---   spent      read once as failed, or its task ended before a batch took it.
+--   spent      handed to its task once (done or failed), or its task ended before a batch
+--              took it.
 -- Every try that gave no answer is recorded in causes (e.g. 'item_failed: <message>',
 -- 'batch_expired', 'no_result'), the last one in last_cause.
 --
@@ -78,7 +82,8 @@ CREATE TABLE IF NOT EXISTS {{obj:llm_items}} (
   output_tokens bigint,
   created_at    timestamptz NOT NULL DEFAULT now(),
   updated_at    timestamptz NOT NULL DEFAULT now(),
-  answered_at   timestamptz
+  answered_at   timestamptz,
+  handed_at     timestamptz               -- given to its task (then spent)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS {{name:llm_items_live}} ON {{obj:llm_items}} (task_id, step)
   WHERE state <> 'spent';
@@ -103,8 +108,8 @@ EXCEPTION WHEN others THEN
 END $$;
 
 -- The running task's item for its step: the live one, else a new pending one. Fenced by the
--- lease (no row when it is not this execution's). A failed item is handed back once and
--- becomes spent.
+-- lease (no row when it is not this execution's). A done or failed item is handed back
+-- once and becomes spent.
 CREATE OR REPLACE FUNCTION {{obj:llm_item}}(p_task bigint, p_token bigint, p_owner text,
                                             p_step text, p_provider text, p_request jsonb,
                                             p_fallback boolean, p_max_tries int)
@@ -127,8 +132,9 @@ BEGIN
   SELECT * INTO it FROM {{obj:llm_items}} i
    WHERE i.task_id = p_task AND i.step = p_step AND i.state <> 'spent' FOR UPDATE;
   IF FOUND THEN
-    IF it.state = 'failed' THEN
-      UPDATE {{obj:llm_items}} i SET state = 'spent', updated_at = now() WHERE i.id = it.id;
+    IF it.state IN ('done', 'failed') THEN
+      UPDATE {{obj:llm_items}} i SET state = 'spent', handed_at = now(), updated_at = now()
+       WHERE i.id = it.id;
     END IF;
     RETURN QUERY SELECT it.id, it.state, it.answer::text, it.error, it.tries;
     RETURN;

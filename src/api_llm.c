@@ -4,7 +4,8 @@
  * answer, so an execution that got it never asks again. The first execution stores the
  * request as an item and ends waiting (sql/019's event wait on "llm:<item id>": no slot, no
  * lease, no attempt spent) until the fleet's batcher has the provider's answer; the next
- * execution re-enters the step and gets it. The request and the answer are the provider's
+ * execution re-enters the step and gets it, once (a step that rejects it asks afresh on its
+ * next attempt). The request and the answer are the provider's
  * own JSON (the body a synchronous call would send, and the body it would get back).
  */
 #include "api.h"

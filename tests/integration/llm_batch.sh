@@ -82,7 +82,8 @@ case_five_tasks_go_through_one_openai_batch_and_are_done_with_the_sync_answer() 
       "$(q "select string_agg(attempt || ':' || kind || ':' || cause, ',' order by finished_at)
               from ${QT}_attempts where task_id = $id")" "1:wait:waiting,1:done:none"
   done
-  assert_eq "items (state|tries)" "$(q "select string_agg(distinct state || '|' || tries, ',') from $IT")" "done|0"
+  assert_eq "items, each handed to its task once (state|tries|answered)" \
+    "$(q "select string_agg(distinct state || '|' || tries || '|' || (handed_at > answered_at), ',') from $IT")" "spent|0|true"
 }
 
 # Three processes at once, 30 tasks, batches of at most 10: exactly one process is the
@@ -106,7 +107,7 @@ case_three_processes_elect_one_batcher_and_every_item_is_in_exactly_one_batch() 
   assert_eq "processes that led" "$n" 1
   log_has "$leader" "worker $leader is the fleet's batcher" || fail "the batches' author $leader did not log its lead"
   assert_eq "items answered, each in one batch (items|distinct tasks|batched)" \
-    "$(q "select count(*) || '|' || count(distinct task_id) || '|' || count(batch_id) from $IT where state = 'done'")" "30|30|30"
+    "$(q "select count(*) || '|' || count(distinct task_id) || '|' || count(batch_id) from $IT where answer is not null")" "30|30|30"
   assert_eq "batch sizes add up" "$(q "select sum(items) from $BT where state = 'ended'")" 30
   assert_eq "items the mock received" "$(mock_stat batches items)" 30
   assert_eq "batches the mock received = batch rows" "$(mock_stat batches created)" "$(q "select count(*) from $BT")"
@@ -141,7 +142,7 @@ case_when_the_batcher_dies_another_process_takes_over_and_finishes_its_batch() {
   assert_eq "items the mock received" "$(mock_stat batches items)" 20
   assert_eq "batches the mock received" "$(mock_stat batches created)" "$(q "select count(*) from $BT")"
   assert_eq "items answered (count|tries)" \
-    "$(q "select count(*) || '|' || max(tries) from $IT where state = 'done'")" "20|0"
+    "$(q "select count(*) || '|' || max(tries) from $IT where answer is not null")" "20|0"
   stop_workers B C
 }
 
@@ -217,7 +218,7 @@ case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch()
   assert_eq "the first batch" "$(q "select provider_status from $BT order by id limit 1")" expired
   local fb rebatched
   fb=$(q "select count(*) from $IT where state = 'fallback'")
-  rebatched=$(q "select count(*) from $IT where state = 'done' and tries = 1")
+  rebatched=$(q "select count(*) from $IT where answer is not null and tries = 1")
   [[ $fb -ge 1 && $rebatched -ge 1 ]] || fail "want some items to fallback ($fb) and some to a new batch ($rebatched)"
   assert_eq "every unanswered item's cause" \
     "$(q "select string_agg(distinct last_cause, ',') from $IT where state = 'fallback' or tries > 0")" batch_expired
@@ -226,7 +227,7 @@ case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch()
   assert_eq "tasks answered by their fallback" "$(q "select count(*) from $QT where (result->>'fallback')::boolean")" "$fb"
   assert_eq "the mock's synchronous calls" "$(mock_stat requests /v1/chat/completions)" "$fb"
   assert_eq "items answered by the mock's expired batch + the new one" \
-    "$(q "select count(*) from $IT where state = 'done'")" $((10 - fb))
+    "$(q "select count(*) from $IT where answer is not null")" $((10 - fb))
 }
 
 # The mock's synchronous Anthropic answer's content for question N.
