@@ -66,6 +66,8 @@ case_five_tasks_go_through_one_openai_batch_and_are_done_with_the_sync_answer() 
       and (select count(*) = 5 from $IT where state = 'submitted')"
   assert_worker_exit A 120 0
   assert_no_sanitizer_reports
+  # Every pending row waiting without a time once broke the claim's next-due probe (020).
+  if log_has A "cycle failed"; then fail "a cycle failed while every task waited"; fi
   assert_eq "tasks (status|attempts)" \
     "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
   assert_eq "provider batches (count|items|state|status)" \
@@ -349,6 +351,36 @@ case_the_grading_example_in_batch_api_mode_grades_every_ticket_once_with_slots_f
   assert_contains "report's cost line" "$("$LEASH" report --batch nightly)" "at batch prices ("
   assert_eq "batch cost is half the synchronous" \
     "$("$LEASH" report --batch nightly --json | jq '.usage[0] | .cost * 2 == .sync_cost and .cost > 0')" true
+}
+
+# The batcher's API keys (OPENAI_API_KEY, ANTHROPIC_API_KEY of its process) go in a header
+# only: an upload that fails (nothing listens at the base URL) is logged, its batch
+# abandoned with the error stored and its items sent again later, and the key is in no log
+# line and nowhere in the database.
+case_the_api_key_reaches_no_log_and_no_table_even_when_uploads_fail() {
+  lb_setup
+  start_mock --batch-delay-s 1
+  local key=sk-leash-test-0123456789abcdef dead
+  dead=$(free_port)
+  enqueue_n 3
+  OPENAI_API_KEY=$key start_worker A "$AFIX" --concurrency 2 --poll-ms 10-50 \
+    --llm-batch-url "openai=http://127.0.0.1:$dead" --llm-batch-age 0
+  wait_for "an upload to fail" 60 log_has A "not submitted; tries again"
+  stop_workers A
+  assert_eq "the abandoned batch (state|error says where)" \
+    "$(q "select state || '|' || (error like 'POST /v1/files:%') from $BT order by id limit 1")" "abandoned|true"
+  assert_eq "its items wait for another batch" "$(q "select string_agg(distinct state, ',') from $IT")" pending
+  # shellcheck disable=SC2046
+  OPENAI_API_KEY=$key start_worker B "$AFIX" --concurrency 2 $(batch_flags) --until-empty
+  assert_worker_exit B 120 0
+  assert_eq "tasks" "$(status_counts)" "done=3"
+  local w
+  for w in A B; do
+    if grep -qF -- "$key" "$T_TMP/$w.log" "$T_TMP/$w.out"; then fail "the key is in worker $w's output"; fi
+  done
+  pg_dump --data-only "$DATABASE_URL" >"$T_TMP/dump.sql" || fail "pg_dump failed"
+  grep -qF -- "question 1" "$T_TMP/dump.sql" || fail "the dump does not hold the requests"
+  if grep -qF -- "sk-leash" "$T_TMP/dump.sql"; then fail "the key is in the database"; fi
 }
 
 t_run "$@"
