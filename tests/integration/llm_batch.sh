@@ -383,4 +383,31 @@ case_the_api_key_reaches_no_log_and_no_table_even_when_uploads_fail() {
   if grep -qF -- "sk-leash" "$T_TMP/dump.sql"; then fail "the key is in the database"; fi
 }
 
+# Bad --llm-batch-* values, by class (no provider, an unknown one, a URL that is not
+# http(s), numbers out of range or not numbers, durations negative or zero where a poll
+# needs time): exit 2 with one line naming the option (and the usual --help hint), before
+# anything starts.
+case_bad_llm_batch_flags_exit_2_with_one_line_naming_the_option() {
+  local cases=(
+    "--llm-batch-url http://x"            "--llm-batch-url must be openai=URL or anthropic=URL"
+    "--llm-batch-url gemini=http://x"     "--llm-batch-url must be openai=URL or anthropic=URL"
+    "--llm-batch-url openai=ftp://x"      "--llm-batch-url must be openai=URL or anthropic=URL"
+    "--llm-batch-url openai="             "--llm-batch-url must be openai=URL or anthropic=URL"
+    "--llm-batch-max 0"                   "--llm-batch-max must be an integer from 1 to 50000"
+    "--llm-batch-max 50001"               "--llm-batch-max must be an integer from 1 to 50000"
+    "--llm-batch-max ten"                 "--llm-batch-max must be an integer from 1 to 50000"
+    "--llm-batch-age -1"                  "--llm-batch-age"
+    "--llm-batch-age soon"                "--llm-batch-age"
+    "--llm-batch-poll 0"                  "--llm-batch-poll"
+  )
+  local i
+  for ((i = 0; i < ${#cases[@]}; i += 2)); do
+    # shellcheck disable=SC2086 # the flag and its value are two words
+    expect_exit 2 "$LEASH" run "$AFIX" ${cases[i]}
+    assert_eq "${cases[i]}: stderr (lines|hint)" \
+      "$(grep -c . "$T_ERR")|$(sed -n 2p "$T_ERR")" "2|Try 'leash run --help'."
+    assert_contains "${cases[i]}: the line" "$(head -1 "$T_ERR")" "leash run: ${cases[i + 1]}"
+  done
+}
+
 t_run "$@"
