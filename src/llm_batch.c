@@ -6,6 +6,7 @@
 
 #include <curl/curl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,7 @@ struct llm_batch {
   pthread_mutex_t mu;            /* guards quit */
   pthread_cond_t cv;             /* CLOCK_MONOTONIC */
   int quit;
-  volatile int stopping;         /* read by curl's progress callback: quit, without the lock */
+  atomic_int stopping;           /* read by curl's progress callback: quit, without the lock */
   PGconn *conn;
   int leader;
   int down;                      /* the last database call failed (logged once) */
@@ -102,7 +103,7 @@ void llm_batch_stop(struct llm_batch *b)
     return;
   pthread_mutex_lock(&b->mu);
   b->quit = 1;
-  b->stopping = 1;
+  atomic_store(&b->stopping, 1);
   pthread_cond_signal(&b->cv);
   pthread_mutex_unlock(&b->mu);
   pthread_join(b->thread, NULL);
@@ -184,9 +185,9 @@ static void tick(struct llm_batch *b)
     return;
   if (!b->leader && become_leader(b) != 1)
     return;
-  for (int p = 0; p < LLM_PROVIDERS && !b->stopping && b->conn; p++)
+  for (int p = 0; p < LLM_PROVIDERS && !atomic_load(&b->stopping) && b->conn; p++)
     submit_ready(b, p);
-  if (!b->stopping && b->conn)
+  if (!atomic_load(&b->stopping) && b->conn)
     poll_open(b);
 }
 
@@ -256,7 +257,7 @@ static int on_progress(void *ud, curl_off_t a, curl_off_t b2, curl_off_t c, curl
 {
   (void)a, (void)b2, (void)c, (void)d;
   struct http *h = ud;
-  return h->b->stopping;
+  return atomic_load(&h->b->stopping);
 }
 
 /* One request to provider p: path under its base URL; body (JSON) or mime (multipart).
@@ -423,7 +424,7 @@ static void submit_ready(struct llm_batch *b, int p)
            b->fn_open);
   snprintf(max, sizeof max, "%d", b->cfg.opt.max);
   snprintf(age, sizeof age, "%.3f", b->cfg.opt.age_s);
-  for (int i = 0; i < OPEN_PER_TICK && !b->stopping && b->conn; i++) {
+  for (int i = 0; i < OPEN_PER_TICK && !atomic_load(&b->stopping) && b->conn; i++) {
     const char *params[] = { provider_names[p], max, age, b->cfg.worker_id };
     PGresult *r = sql(b, q, 4, params);
     if (!r)
@@ -583,7 +584,7 @@ static void poll_open(struct llm_batch *b)
   PGresult *r = sql(b, q, 1, params);
   if (!r)
     return;
-  for (int i = 0; i < PQntuples(r) && !b->stopping && b->conn; i++) {
+  for (int i = 0; i < PQntuples(r) && !atomic_load(&b->stopping) && b->conn; i++) {
     const char *prov = PQgetvalue(r, i, 1);
     int p = llm_provider_index(prov, strlen(prov));
     const char *pid = PQgetvalue(r, i, 2);
