@@ -318,39 +318,43 @@ case_bad_calls_to_leash_llm_batch_are_script_errors_naming_the_problem() {
 }
 
 # The grading example's --batch-api mode (scripts/grade_ticket.lua, payload batch_api): 300
-# tickets, one process with 4 slots. While the provider works every task waits and no lease
+# tickets (LEASH_LLM_BATCH_TICKETS: the issue's target is 3000), one process with 4 slots. While the provider works every task waits and no lease
 # is held (the slots are free); then every ticket is graded once, by batch answers only (no
 # synchronous call), and the report shows the cost at batch prices beside the synchronous.
 case_the_grading_example_in_batch_api_mode_grades_every_ticket_once_with_slots_free_meanwhile() {
   lb_setup
+  local n=${LEASH_LLM_BATCH_TICKETS:-300} t0
+  t0=$(date +%s)
   start_mock --batch-delay-s 5
   q "CREATE TABLE tickets (id bigint PRIMARY KEY, subject text, body text);
      CREATE TABLE ticket_grades (ticket_id bigint PRIMARY KEY, grade int NOT NULL,
        reason text, graded_by text, graded_at timestamptz NOT NULL DEFAULT now());
      INSERT INTO tickets SELECT i, 'Ticket ' || i, 'Customer ' || i || ' reports error E' || (i % 17)
-       FROM generate_series(1, 300) i;
+       FROM generate_series(1, $n) i;
      INSERT INTO ${QT}_prices (model, input_per_mtok, output_per_mtok) VALUES ('mock-grader', 150, 600)" >/dev/null
   local i
-  for i in $(seq 1 300); do printf '{"payload":{"ticket_id":%d,"batch_api":true}}\n' "$i"; done |
+  for i in $(seq 1 "$n"); do printf '{"payload":{"ticket_id":%d,"batch_api":true}}\n' "$i"; done |
     "$LEASH" enqueue --batch nightly --file - >/dev/null || fail "enqueue failed"
   # shellcheck disable=SC2046
   start_worker A "$LEASH_SRC/scripts/grade_ticket.lua" --concurrency 4 $(batch_flags) --until-empty
-  wait_for "all 300 to wait for their submitted batch with no lease held" 120 q_true \
-    "select count(*) filter (where last_cause = 'waiting' and status = 'pending') = 300
+  wait_for "all $n to wait for their submitted batch with no lease held" 300 q_true \
+    "select count(*) filter (where last_cause = 'waiting' and status = 'pending') = $n
             and count(*) filter (where status = 'leased') = 0
-            and (select count(*) = 300 from $IT where state = 'submitted') from $QT"
-  assert_worker_exit A 240 0
+            and (select count(*) = $n from $IT where state = 'submitted') from $QT"
+  assert_worker_exit A 600 0
   assert_no_sanitizer_reports
-  assert_eq "queue after the batch" "$(status_counts)" "done=300"
-  assert_eq "graded tickets, once each" "$(q "select count(*) || ' ' || count(distinct ticket_id) from ticket_grades")" "300 300"
+  assert_eq "queue after the batch" "$(status_counts)" "done=$n"
+  assert_eq "graded tickets, once each" "$(q "select count(*) || ' ' || count(distinct ticket_id) from ticket_grades")" "$n $n"
   assert_eq "attempts" "$(q "select string_agg(distinct attempts::text, ',') from $QT")" 1
   assert_eq "items the mock batched / synchronous calls" \
-    "$(mock_stat batches items) $(mock_stat requests /v1/chat/completions)" "300 0"
+    "$(mock_stat batches items) $(mock_stat requests /v1/chat/completions)" "$n 0"
   assert_contains "report's cost line" "$("$LEASH" report --batch nightly)" \
-    "llm-batch:openai/mock-grader: 300 calls"
+    "llm-batch:openai/mock-grader: $n calls"
   assert_contains "report's cost line" "$("$LEASH" report --batch nightly)" "at batch prices ("
   assert_eq "batch cost is half the synchronous" \
     "$("$LEASH" report --batch nightly --json | jq '.usage[0] | .cost * 2 == .sync_cost and .cost > 0')" true
+  echo "#   $n tickets through $(q "select count(*) from $BT") provider batches in $(($(date +%s) - t0)) s;" \
+    "$("$LEASH" report --batch nightly | grep 'llm-batch:')"
 }
 
 # The batcher's API keys (OPENAI_API_KEY, ANTHROPIC_API_KEY of its process) go in a header
