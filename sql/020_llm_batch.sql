@@ -147,11 +147,13 @@ BEGIN
   RETURN QUERY SELECT it.id, it.state, NULL::text, NULL::text, 0;
 END $$;
 
--- The batcher's turn for one provider: when p_max items are pending, or the oldest has
--- waited p_age_s, a new batch (state 'creating') takes up to p_max of them, oldest first,
--- and its upload is returned: JSONL for OpenAI's Files API, the request body of Anthropic's
--- Message Batches. No row: nothing to send yet. Items of tasks that ended meanwhile
--- (cancelled, pruned) are spent instead of sent.
+-- The batcher's turn for one provider: the oldest pending item's model is this batch's (a
+-- provider batch holds one model: OpenAI fails a file that mixes them); when p_max items of
+-- it are pending, or the oldest has waited p_age_s, a new batch (state 'creating') takes up
+-- to p_max of them, oldest first, and its upload is returned: JSONL for OpenAI's Files API,
+-- the request body of Anthropic's Message Batches. No row: nothing to send yet (the batcher
+-- calls again after a row, so the next model's batch goes in the same turn). Items of tasks
+-- that ended meanwhile (cancelled, pruned) are spent instead of sent.
 CREATE OR REPLACE FUNCTION {{obj:llm_batch_open}}(p_provider text, p_max int, p_age_s float8,
                                                   p_worker text)
 RETURNS TABLE (batch_id bigint, items int, upload text)
@@ -163,17 +165,25 @@ DECLARE
   b bigint;
   n int;
   oldest timestamptz;
+  m text;
 BEGIN
   UPDATE {{obj:llm_items}} i
      SET state = 'spent', last_cause = 'task_ended', updated_at = now()
    WHERE i.provider = p_provider AND i.state = 'pending'
      AND NOT EXISTS (SELECT 1 FROM {{table}} t
                       WHERE t.id = i.task_id AND t.status IN ('pending', 'leased'));
-  SELECT count(*), min(x.created_at) INTO n, oldest
-    FROM (SELECT i.created_at FROM {{obj:llm_items}} i
+  SELECT i.model, i.created_at INTO m, oldest FROM {{obj:llm_items}} i
+   WHERE i.provider = p_provider AND i.state = 'pending'
+   ORDER BY i.id LIMIT 1;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  SELECT count(*) INTO n
+    FROM (SELECT 1 FROM {{obj:llm_items}} i
            WHERE i.provider = p_provider AND i.state = 'pending'
-           ORDER BY i.id LIMIT p_max) x;
-  IF n = 0 OR (n < p_max AND oldest > now() - make_interval(secs => p_age_s)) THEN
+             AND i.model IS NOT DISTINCT FROM m
+           LIMIT p_max) x;
+  IF n < p_max AND oldest > now() - make_interval(secs => p_age_s) THEN
     RETURN;
   END IF;
   INSERT INTO {{obj:llm_batches}} (provider, submitted_by) VALUES (p_provider, p_worker)
@@ -182,6 +192,7 @@ BEGIN
      SET state = 'submitted', batch_id = b, updated_at = now()
     FROM (SELECT p.id FROM {{obj:llm_items}} p
            WHERE p.provider = p_provider AND p.state = 'pending'
+             AND p.model IS NOT DISTINCT FROM m
            ORDER BY p.id LIMIT p_max FOR UPDATE SKIP LOCKED) pick
    WHERE i.id = pick.id;
   GET DIAGNOSTICS n = ROW_COUNT;

@@ -414,4 +414,26 @@ case_bad_llm_batch_flags_exit_2_with_one_line_naming_the_option() {
   done
 }
 
+# A provider batch holds one model (the mock, as OpenAI, fails a file that mixes them at
+# validation): items of two models, interleaved, go in one batch per model, and every task
+# is done on its first attempt.
+case_items_of_two_models_go_in_one_batch_per_model() {
+  lb_setup
+  start_mock --batch-delay-s 1
+  local i
+  for i in 1 2 3 4 5 6; do
+    "$LEASH" enqueue "{\"n\": $i, \"model\": \"mock-$((i % 2))\"}" >/dev/null
+  done
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 2 $(batch_flags) --until-empty
+  assert_worker_exit A 120 0
+  assert_no_sanitizer_reports
+  assert_eq "tasks (status|attempts)" "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
+  assert_eq "models per batch" \
+    "$(q "select string_agg(distinct n::text, ',') from (select count(distinct model) n from $IT group by batch_id) x")" 1
+  assert_eq "batches (count|items)" "$(q "select count(*) || '|' || sum(items) from $BT")" "2|6"
+  assert_eq "the mock's batches (created|completed|failed)" \
+    "$(mock_stat batches created)|$(mock_stat batches completed)|$(mock_stat batches failed)" "2|2|0"
+}
+
 t_run "$@"
