@@ -14,6 +14,7 @@ source "$(dirname "$0")/mock_common.sh"
 AFIX=$LEASH_SRC/tests/fixtures/llm_batch/ask.lua
 QT=agent_work_queue
 IT=${QT}_llm_items
+n_hostile=0
 BT=${QT}_llm_batches
 
 lb_setup() {
@@ -434,6 +435,96 @@ case_items_of_two_models_go_in_one_batch_per_model() {
   assert_eq "batches (count|items)" "$(q "select count(*) || '|' || sum(items) from $BT")" "2|6"
   assert_eq "the mock's batches (created|completed|failed)" \
     "$(mock_stat batches created)|$(mock_stat batches completed)|$(mock_stat batches failed)" "2|2|0"
+}
+
+# What a provider (or something in its place) hands back cannot touch what is not its batch's
+# nor abort the transaction, by class: lines that are not JSON, JSON that is not an object,
+# custom_ids that are not ours ("leash-abc", 20 digits, another prefix), the custom_id of
+# another batch's item, a duplicate line (an answer wins over an error), a 200 whose body is
+# not an object. Each of this batch's items gets its answer or a try spent with its cause;
+# the other batch's item is untouched. A status that is not JSON is "not ended".
+case_hostile_result_lines_touch_only_their_batchs_items() {
+  lb_setup
+  local t1 t2 t3 t4
+  t1=$("$LEASH" enqueue '{"n": 1}'); t2=$("$LEASH" enqueue '{"n": 2}')
+  t3=$("$LEASH" enqueue '{"n": 3}'); t4=$("$LEASH" enqueue '{"n": 4}')
+  q "insert into $BT (id, provider, state, items) values (1, 'openai', 'open', 3), (2, 'openai', 'open', 1);
+     insert into $IT (id, task_id, step, provider, request, state, batch_id) values
+       (11, $t1, 'ask', 'openai', '{}', 'submitted', 1), (12, $t2, 'ask', 'openai', '{}', 'submitted', 1),
+       (13, $t3, 'ask', 'openai', '{}', 'submitted', 1), (21, $t4, 'ask', 'openai', '{}', 'submitted', 2)" >/dev/null
+  local ok='{"custom_id":"leash-11","response":{"status_code":200,"body":{"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}}}}'
+  local lines=(
+    'not json at all'
+    '[1, 2, 3]'
+    '"a string"'
+    '{"custom_id":"leash-abc","response":{"status_code":200,"body":{}}}'
+    '{"custom_id":"leash-12345678901234567890","response":{"status_code":200,"body":{}}}'
+    '{"custom_id":"other-12","response":{"status_code":200,"body":{}}}'
+    '{"custom_id":"leash-21","response":{"status_code":200,"body":{"stolen":true}}}'
+    '{"custom_id":"leash-11","response":{"status_code":500,"body":{"error":{"message":"boom"}}}}'
+    "$ok"
+    '{"custom_id":"leash-12","response":{"status_code":200,"body":"not an object"}}'
+  )
+  local text
+  text=$(printf '%s\n' "${lines[@]}")
+  assert_eq "the end's counts (done|retried|failed|fallback)" \
+    "$(q "select done || '|' || retried || '|' || failed || '|' || fallback
+            from ${QT}_llm_batch_end(1, 'completed', \$\$$text\$\$)")" "1|2|0|0"
+  assert_eq "this batch's items (id:state:tries:cause)" \
+    "$(q "select string_agg(id || ':' || state || ':' || tries || ':' || coalesce(last_cause, '-'), ',' order by id) from $IT where id < 20")" \
+    "11:done:0:-,12:pending:1:item_failed: no message,13:pending:1:no_result"
+  assert_eq "the answer kept and its tokens" \
+    "$(q "select (answer ? 'choices') || '|' || input_tokens || '|' || output_tokens from $IT where id = 11")" "true|2|3"
+  assert_eq "the other batch's item" "$(q "select state || '|' || (answer is null) from $IT where id = 21")" "submitted|true"
+  assert_eq "the batch (state|answered)" "$(q "select state || '|' || answered from $BT where id = 1")" "ended|1"
+  assert_eq "ending it again changes nothing" \
+    "$(q "select done || '|' || retried from ${QT}_llm_batch_end(1, 'completed', \$\$$ok\$\$)")" "0|0"
+  assert_eq "a status that is not JSON" \
+    "$(q "select ended || '|' || status from ${QT}_llm_batch_status('openai', 'oops')")" "false|unreadable"
+  assert_eq "a file id is read as given (the batcher checks ids before a URL)" \
+    "$(q "select ended || '|' || output from ${QT}_llm_batch_status('openai', '{\"status\":\"completed\",\"output_file_id\":\"../x\"}')")" "true|../x"
+}
+
+# start_hostile NAME BATCH_ID [FILE_ID]: tests/fixtures/llm_batch/hostile_provider.py on a
+# free port, killed at exit; sets HOSTILE (its base URL); its requests go to $T_TMP/NAME.req.
+start_hostile() {
+  python3 "$LEASH_SRC/tests/fixtures/llm_batch/hostile_provider.py" --batch-id "$2" \
+    ${3:+--file-id "$3"} --log "$T_TMP/$1.req" >"$T_TMP/$1.port" 2>"$T_TMP/$1.err" &
+  t_on_exit t_kill "$!"
+  wait_for "the hostile provider to print its port" 10 grep -q '^PORT [0-9]' "$T_TMP/$1.port"
+  HOSTILE=http://127.0.0.1:$(sed -n '1s/^PORT //p' "$T_TMP/$1.port")
+}
+
+# A provider whose batch id, or whose output file id, would climb out of the URL path
+# ("../../v1/files", "a/b", "x?y"): the batcher never puts it in a URL. A bad batch id
+# abandons the batch (its items wait for another); a bad file id leaves the batch open,
+# logged, and no request goes to any path with it.
+case_provider_ids_that_would_escape_the_url_path_are_refused() {
+  lb_setup
+  enqueue_n 2
+  local bid
+  for bid in '../../v1/files' 'a/b' 'x?y=1'; do
+    start_hostile "b$((++n_hostile))" "$bid"
+    # shellcheck disable=SC2046
+    start_worker "W$n_hostile" "$AFIX" --concurrency 2 --poll-ms 10-50 --llm-batch-age 0 \
+      --llm-batch-url "openai=$HOSTILE"
+    wait_for "batch id $bid to be refused" 60 log_has "W$n_hostile" "names no batch id"
+    stop_workers "W$n_hostile"
+    assert_eq "batch id $bid: requests made" "$(cat "$T_TMP/b$n_hostile.req")" $'POST /v1/files\nPOST /v1/batches'
+  done
+  assert_eq "the batches (abandoned|open)" \
+    "$(q "select count(*) filter (where state = 'abandoned') || '|' || count(*) filter (where state = 'open') from $BT")" "3|0"
+  assert_eq "the items wait for another batch" "$(q "select string_agg(distinct state, ',') from $IT")" pending
+  start_hostile f batch_ok '../../etc'
+  # shellcheck disable=SC2046
+  start_worker F "$AFIX" --concurrency 2 --poll-ms 10-50 --llm-batch-age 0 --llm-batch-poll 0.2 \
+    --llm-batch-url "openai=$HOSTILE"
+  wait_for "the bad file id to be refused" 60 log_has F "names a file id that is not [A-Za-z0-9_-]"
+  stop_workers F
+  if grep -q 'etc' "$T_TMP/f.req"; then fail "a request went to the file id's path: $(cat "$T_TMP/f.req")"; fi
+  assert_contains "the batch was polled" "$(cat "$T_TMP/f.req")" "GET /v1/batches/batch_ok"
+  assert_eq "that batch stays open (its items submitted)" \
+    "$(q "select state from $BT where provider_batch_id = 'batch_ok'")|$(q "select string_agg(distinct state, ',') from $IT")" "open|submitted"
 }
 
 t_run "$@"
