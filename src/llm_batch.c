@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#define DB_TIMEOUT_MS 60000
+#define DB_TIMEOUT_MS 300000    /* a 50,000-item batch is answered in one statement */
 #define HTTP_TIMEOUT_S 120L
 #define HTTP_MAX_BODY (512u * 1024 * 1024)
 #define SUBMIT_BACKOFF_S 10.0     /* after a failed upload, before the provider is tried again */
