@@ -323,7 +323,8 @@ case_bad_flags_exit_2_with_one_line() {
   local bad
   for bad in "--rpm -1" "--tpm x" "--window-s 0" "--outage 5" "--outage -1+5" "--outage 1+0" \
              "--outage-status 500" "--retry-after-format iso" "--outage-retry-after -2" \
-             "--outage-path /v1/nope"; do
+             "--outage-path /v1/nope" "--batch-delay-s -1" "--batch-delay-s inf" "--batch-fail-rate 2" \
+             "--batch-fail-rate x" "--batch-expire-done -0.5"; do
     # shellcheck disable=SC2086 # the flag and its value are two words on purpose
     expect_exit 2 python3 "$MOCK_PY" --port 0 $bad
     assert_contains "$bad: names the flag" "$(tail -1 "$T_ERR")" "${bad%% *}"
@@ -401,6 +402,7 @@ content() { curl -s -m 30 "$MOCK$FILES/$1/content"; }
 
 case_an_openai_batch_completes_after_its_delay_with_one_answer_per_line_equal_to_the_sync_answer() {
   start_mock --batch-delay-s 3
+  assert_eq "the other knobs' defaults" "$(stats -c '.batches.settings | [.batch_fail_rate, .batch_expire, .batch_expire_done]')" '[0,false,0.5]'
   chat_lines t 5 >"$T_TMP/in.jsonl"
   upload "$T_TMP/in.jsonl"
   assert_eq "the file object" "$(body '[.object, .purpose, .bytes, .filename, (.id | test("^file-[0-9a-f]+$"))]')" \
@@ -714,9 +716,13 @@ case_bad_uploads_and_batch_requests_get_400_and_change_nothing() {
 case_control_sets_the_batch_knobs_for_new_batches_only() {
   start_mock --batch-delay-s 600
   chat_lines k 4 >"$T_TMP/in.jsonl"
-  local slow fast expired bad before
+  local slow pre fast expired bad before
   openai_batch "$T_TMP/in.jsonl"
   slow=$BID
+  # One made before the expiry is switched on below: it must still complete.
+  control '{"batch_delay_s":8}'
+  openai_batch "$T_TMP/in.jsonl"
+  pre=$BID
   control '{"batch_delay_s":0.5,"batch_fail_rate":1}'
   assert_eq "control answers the settings" "$(body -c '.batches.settings | [.batch_delay_s, .batch_fail_rate]')" '[0.5,1]'
   openai_batch "$T_TMP/in.jsonl"
@@ -732,6 +738,9 @@ case_control_sets_the_batch_knobs_for_new_batches_only() {
   wait_for "the batch to expire" 30 batch_is "$BATCHES/$expired" status expired
   get "$BATCHES/$expired"
   assert_eq "half done, half expired" "$(body -c .request_counts)" '{"total":4,"completed":2,"failed":2}'
+  wait_for "the batch made before to end" 60 batch_is "$BATCHES/$pre" status completed
+  get "$BATCHES/$pre"
+  assert_eq "it kept its own settings" "$(body -c .request_counts)" '{"total":4,"completed":4,"failed":0}'
   control '{"batch_expire":false,"batch_delay_s":0}'
   post "$MBATCHES" '{"requests":[{"custom_id":"now","params":{"messages":[{"role":"user","content":"x"}]}}]}'
   get "$MBATCHES/$(body -r .id)"
