@@ -5,6 +5,7 @@ Python 3 standard library only. Binds 127.0.0.1; prints `PORT <n>` as its first 
 
     scripts/mock_llm.py --port 0 --rate-429 0.1 --rate-500 0.05 --rate-malformed 0.05 --seed 7
     scripts/mock_llm.py --port 0 --rpm 300 --tpm 100000 --outage 120+600 --outage-retry-after 60
+    scripts/mock_llm.py --port 0 --batch-delay-s 30 --batch-fail-rate 0.1 --seed 3
 
 Endpoints
   POST /v1/chat/completions  (OpenAI) {model, messages: [{role, content}]}
@@ -83,6 +84,100 @@ attempts.
 Markers in a prompt force an answer whatever the rates (and do not count against the bound):
 "[mock:malformed]" always gets non-JSON content, "[mock:bad-grade]" gets {"grade": 9, …},
 "[mock:500]" always gets a 500.
+
+Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
+  Shaped like the real ones; each item answers exactly what the synchronous endpoint answers
+  for its body (content, id, usage and token counts), so a client can compare the two.
+  None of them passes the --rpm/--tpm limits, the outages or the --rate-* faults (providers
+  limit batches apart), and their usage is counted in "batches" of /stats, not in "tokens".
+
+  OpenAI
+  POST /v1/files             multipart/form-data, fields purpose=batch and file (JSONL, one
+       request a line: {"custom_id", "method": "POST", "url": "/v1/chat/completions",
+       "body": {...a chat request...}}; blank lines are skipped; other fields are ignored)
+       -> {"id": "file-<hex>", "object": "file", "bytes", "created_at", "filename",
+           "purpose": "batch", "status": "processed", "status_details": null}
+       400 (OpenAI's error shape, the line named) for a body that is not well-formed
+       multipart, a purpose other than batch, no file field, a file that is not UTF-8 or
+       holds no request, a line that is not a JSON object, a custom_id that is not a
+       non-empty string or is used twice, a method other than POST, another url, a body
+       that is not an object. A 400 keeps nothing.
+  POST /v1/batches           {"input_file_id", "endpoint": "/v1/chat/completions",
+       "completion_window": "24h", "metadata"?: up to 16 string pairs} (other keys: 400;
+       an unknown file or one that is not purpose=batch: 400)
+       -> the batch: {"id": "batch_<hex>", "object": "batch", "endpoint", "errors",
+          "input_file_id", "completion_window", "status", "output_file_id", "error_file_id",
+          "created_at", "in_progress_at", "expires_at" (created_at + 24 h), "finalizing_at",
+          "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+          "request_counts": {"total", "completed", "failed"}, "metadata"} (unix seconds)
+  GET  /v1/batches/{id}      -> the batch now; GET /v1/batches lists them, newest first.
+       status: validating for the first 10 % of the delay, in_progress to 90 % (items are
+       done one after another, in file order, and counted as they are), finalizing, then
+       completed at the delay. Also: "expired" (--batch-expire), "cancelling" then
+       "cancelled" (below), and "failed" at the end of validating when the file's requests
+       name more than one model (errors: {"object": "list", "data": [{"code":
+       "mismatched_model", "param": "body.model", "line", "message"}]}; no files, counts 0).
+       Once ended, request_counts.completed is the items answered 200 and failed all the
+       others (failed, invalid, expired, cancelled): total = completed + failed.
+  GET  /v1/files/{id}/content -> the file's bytes (GET /v1/files/{id}: its object).
+       output_file_id (null when no item succeeded) holds a line per answered item:
+         {"id": "batch_req_<hex>", "custom_id", "response": {"status_code": 200,
+          "request_id": "req_<hex>", "body": <the chat completion>}, "error": null}
+       error_file_id (null when none) holds the others:
+         failed:  "response": {"status_code": 500, "request_id", "body": {"error":
+                  {"message", "type": "server_error", "param": null, "code": null}}}
+         invalid: the same with 400 and "invalid_request_error" (a body the synchronous
+                  endpoint would refuse, e.g. no messages; decided per item, as the real one)
+         expired: "response": null, "error": {"code": "batch_expired", "message"}
+         cancelled: "response": null, "error": {"code": "batch_cancelled", "message"}
+       Lines keep the input file's order.
+  POST /v1/batches/{id}/cancel -> the batch, "cancelling"; it is "cancelled" min(1 s,
+       delay / 10) later. Items done before the cancel keep their answers; the rest are
+       cancelled. Again while cancelling: the same answer; once ended: 409.
+
+  Anthropic
+  POST /v1/messages/batches  {"requests": [{"custom_id", "params": {...a /v1/messages
+       request...}}]} (custom_id 1-64 of a-z A-Z 0-9 _ -, unique; anything else in the
+       body or a request: 400 in Anthropic's shape, nothing kept)
+       -> {"id": "msgbatch_<hex>", "type": "message_batch", "processing_status":
+           "in_progress", "request_counts": {"processing", "succeeded", "errored",
+           "canceled", "expired"}, "ended_at": null, "created_at", "expires_at",
+           "archived_at": null, "cancel_initiated_at": null, "results_url": null}
+           (times in RFC 3339 with microseconds, as Anthropic writes them)
+  GET  /v1/messages/batches/{id} -> processing_status "ended" after the delay, ended_at and
+       results_url = http://127.0.0.1:<port>/v1/messages/batches/{id}/results; counts
+       move from processing as items are done. GET /v1/messages/batches lists them.
+  GET  /v1/messages/batches/{id}/results -> JSONL in request order (the real one does not
+       promise an order; match on custom_id): {"custom_id", "result": R}, R one of
+         {"type": "succeeded", "message": <the message /v1/messages gives>}
+         {"type": "errored", "error": {"type": "error", "error": {"type": "api_error"
+          (failed) | "invalid_request_error" (params /v1/messages would refuse), "message"}}}
+         {"type": "expired"}, {"type": "canceled"}
+       Before the end: 409.
+  POST /v1/messages/batches/{id}/cancel -> "canceling", then "ended" as OpenAI's above.
+  Unknown ids (or the other provider's): 404 in the endpoint's shape.
+
+  Knobs, for batches created after they are set (one under way keeps its own):
+  --batch-delay-s S (default 2; 0 ends a batch at once): creation to the end.
+  --batch-fail-rate F (default 0): the share of items that fail, drawn by a hash of (seed,
+       custom_id, how many times that custom_id was in a batch of that provider before):
+       the same items fail on every run with the same seed, and an item sent again in a
+       new batch draws again, so a per-item retry can succeed.
+  --batch-expire: batches expire at the delay instead of completing; --batch-expire-done F
+       (default 0.5): the first floor(F * items) in order are done first, the rest expire.
+  POST /_control takes batch_delay_s, batch_fail_rate, batch_expire (true/false) and
+       batch_expire_done, all or nothing as the other keys.
+  Markers work in batch items too: "[mock:500]" fails the item, "[mock:malformed]" gives it
+  non-JSON content.
+
+  /stats "batches": {"created", "completed", "expired", "cancelled", "failed" (at
+  validation), "items" (at creation), "items_succeeded", "items_failed" (failed and invalid),
+  "items_expired", "items_cancelled" (counted when a batch ends), "live" (not ended yet),
+  "files" (kept), "tokens": {"prompt", "completion", "total"} (of succeeded items),
+  "by_provider": {"openai": {...the same and "tokens"}, "anthropic": {...}}, "settings":
+  {the four knobs now}}. Batch requests are counted under "requests" and "answers" by path,
+  ids replaced by {id}: "/v1/batches/{id}", "/v1/files/{id}/content", ...
+  A batch moves on when anything looks at it (a GET, /stats, or the watchdog every 0.2 s).
 
 Lifetime: exits after --max-requests N requests (0 = no bound), and by itself after
 --idle-exit S seconds without a request (default 600), so a forgotten mock never lingers.

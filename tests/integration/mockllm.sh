@@ -537,6 +537,26 @@ case_a_cancelled_batch_ends_cancelled_with_its_unfinished_items_in_both_shapes()
   assert_contains "says why" "$(body -r .error.message)" "has ended"
   post "$BATCHES/batch_nope/cancel" ""
   assert_eq "an unknown batch" "$(status)" 404
+  # Cancelled part-way: what was done keeps its answers (a prefix, in order), the rest is
+  # cancelled. 30 s: an item is done every 2.4 s, the last at 27 s, far from the cancel.
+  control '{"batch_delay_s":30}'
+  chat_lines h 10 >"$T_TMP/half.jsonl"
+  openai_batch "$T_TMP/half.jsonl"
+  bid=$BID
+  wait_for "an item to be done" 60 eval '[[ $(curl -s -m 10 "$MOCK$BATCHES/$bid" | jq .request_counts.completed) -ge 1 ]]'
+  local done_before
+  done_before=$(curl -s -m 10 "$MOCK$BATCHES/$bid" | jq .request_counts.completed)
+  post "$BATCHES/$bid/cancel" ""
+  assert_eq "cancelled part-way" "$(body -r .status)" cancelling
+  wait_for "it to be cancelled" 30 batch_is "$BATCHES/$bid" status cancelled
+  get "$BATCHES/$bid"
+  local kept
+  kept=$(body .request_counts.completed)
+  ((kept >= done_before && kept < 10)) || fail "kept $kept answers, $done_before were done before the cancel"
+  assert_eq "the answers are the first ones" "$(content "$(body -r .output_file_id)" | jq -r .custom_id | tr '\n' ' ')" \
+    "$(jq -r .custom_id "$T_TMP/half.jsonl" | head -"$kept" | tr '\n' ' ')"
+  assert_eq "the rest cancelled" "$(content "$(body -r .error_file_id)" | jq -r '"\(.custom_id) \(.error.code)"' | tr '\n' ' ')" \
+    "$(jq -r .custom_id "$T_TMP/half.jsonl" | tail -n +"$((kept + 1))" | sed 's/$/ batch_cancelled/' | tr '\n' ' ')"
   # Anthropic.
   post "$MBATCHES" '{"requests":[{"custom_id":"k1","params":{"messages":[{"role":"user","content":"x"}]}},{"custom_id":"k2","params":{"messages":[{"role":"user","content":"y"}]}}]}'
   bid=$(body -r .id)
@@ -552,7 +572,7 @@ case_a_cancelled_batch_ends_cancelled_with_its_unfinished_items_in_both_shapes()
   assert_eq "canceled results" "$(jq -c . "$T_TMP/body" | tr '\n' ' ')" '{"custom_id":"k1","result":{"type":"canceled"}} {"custom_id":"k2","result":{"type":"canceled"}} '
   post "$MBATCHES/$bid/cancel" ""
   assert_eq "an ended message batch cannot be cancelled" "$(status)" 409
-  assert_eq "/stats" "$(stats '.batches | [.cancelled, .items_cancelled, .by_provider.openai.cancelled]')" "[2,6,1]"
+  assert_eq "/stats" "$(stats '.batches | [.cancelled, .items_cancelled, .by_provider.openai.cancelled]')" "[3,$((6 + 10 - kept)),2]"
 }
 
 case_an_anthropic_batch_ends_after_its_delay_with_the_sync_messages_as_results() {
