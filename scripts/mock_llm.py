@@ -101,7 +101,8 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
        multipart, a purpose other than batch, no file field, a file that is not UTF-8 or
        holds no request, a line that is not a JSON object, a custom_id that is not a
        non-empty string or is used twice, a method other than POST, another url, a body
-       that is not an object. A 400 keeps nothing.
+       that is not an object. A 400 keeps nothing. Bodies (of every endpoint) may come by
+       Content-Length or chunked, after "Expect: 100-continue" or not, as libcurl sends them.
   POST /v1/batches           {"input_file_id", "endpoint": "/v1/chat/completions",
        "completion_window": "24h", "metadata"?: up to 16 string pairs} (other keys: 400;
        an unknown file or one that is not purpose=batch: 400)
@@ -1136,12 +1137,44 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(404, {"error": {"message": "no such endpoint: " + path}})
 
+    def read_body(self, limit):
+        """The request body, by Content-Length or chunked (libcurl chunks a multipart upload
+        whose size it does not know). ValueError when it is malformed or over `limit`; the
+        connection is then closed, since the rest of the body may be unread."""
+        try:
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                parts, total = [], 0
+                while True:
+                    line = self.rfile.readline(1024)
+                    try:
+                        size = int(line.split(b";", 1)[0].strip(), 16)
+                    except ValueError:
+                        raise ValueError("a bad chunk size line")
+                    if size < 0:
+                        raise ValueError("a bad chunk size line")
+                    if size == 0:
+                        while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                            pass    # trailers
+                        return b"".join(parts)
+                    total += size
+                    if total > limit:
+                        raise ValueError("body too large")
+                    parts.append(self.rfile.read(size))
+                    if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                        raise ValueError("a chunk is longer than its size")
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise ValueError("a bad Content-Length")
+            if n < 0 or n > limit:
+                raise ValueError("body too large")
+            return self.rfile.read(n) if n else b""
+        except ValueError:
+            self.close_connection = True
+            raise
+
     def read_json(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        if n < 0 or n > MAX_BODY:
-            raise ValueError("body too large")
-        raw = self.rfile.read(n) if n else b""
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(self.read_body(MAX_BODY).decode("utf-8"))
 
     def error_body(self, path, kind, msg):
         if path.startswith(MESSAGES):
@@ -1170,7 +1203,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.upload(path)
         if path in BATCH_CANCELS:
             if not self.drain():
-                return self.bad(path, "request body too large")
+                return self.bad(path, "request body is malformed or too large")
             return self.cancel(path, oid)
         try:
             req = self.read_json()
@@ -1365,27 +1398,20 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, obj)
 
     def drain(self):
-        """Reads a body nobody needs (a cancel's); False when it is too large to read."""
+        """Reads a body nobody needs (a cancel's); False when it is malformed or too large."""
         try:
-            n = int(self.headers.get("Content-Length") or 0)
+            self.read_body(MAX_BODY)
         except ValueError:
-            n = -1
-        if n < 0 or n > MAX_BODY:
-            self.close_connection = True
             return False
-        if n:
-            self.rfile.read(n)
         return True
 
     def upload(self, path):
         try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            n = -1
-        if n <= 0 or n > MAX_UPLOAD:
-            self.close_connection = True
-            return self.bad(path, "want a multipart/form-data body of 1 to %d bytes" % MAX_UPLOAD)
-        raw = self.rfile.read(n)
+            raw = self.read_body(MAX_UPLOAD)
+        except ValueError as e:
+            return self.bad(path, "bad multipart body: %s (want at most %d bytes)" % (e, MAX_UPLOAD))
+        if not raw:
+            return self.bad(path, "want a multipart/form-data body, not an empty one")
         try:
             fields = parse_multipart(self.headers.get("Content-Type"), raw)
         except ValueError as e:

@@ -804,4 +804,47 @@ case_three_clients_making_batches_at_once_get_distinct_ids_and_every_item() {
   assert_eq "/stats" "$(stats '.batches | [.created, .completed, .items, .items_succeeded]')" "[12,12,60,60]"
 }
 
+# raw_request BYTES: sends BYTES (printf escapes) over one connection; prints the status code.
+raw_request() {
+  python3 - "${MOCK#http://}" "$1" <<'PY'
+import socket, sys
+host, port = sys.argv[1].split(":")
+s = socket.create_connection((host, int(port)), timeout=30)
+s.sendall(sys.argv[2].encode().decode("unicode_escape").encode("latin-1"))
+s.shutdown(socket.SHUT_WR)
+data = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    data += b
+print(data.split(b" ", 2)[1].decode())
+PY
+}
+
+case_uploads_sent_chunked_or_after_100_continue_are_taken_and_bad_chunks_refused() {
+  start_mock --batch-delay-s 0
+  chat_lines u 3 >"$T_TMP/in.jsonl"
+  local how fid
+  for how in 'Transfer-Encoding: chunked' 'Expect: 100-continue'; do
+    curl -s -m 30 -H "$how" -F purpose=batch -F "file=@$T_TMP/in.jsonl" -o "$T_TMP/body" -w '%{http_code}' "$MOCK$FILES" >"$T_TMP/status"
+    assert_eq "an upload with $how" "$(status)" 200
+    assert_eq "all of it, with $how" "$(body .bytes)" "$(wc -c <"$T_TMP/in.jsonl")"
+    fid=$(body -r .id)
+    curl -s -m 30 -H "$how" -H 'Content-Type: application/json' --data-binary "{\"input_file_id\":\"$fid\",\"endpoint\":\"/v1/chat/completions\",\"completion_window\":\"24h\"}" \
+      -o "$T_TMP/body" -w '%{http_code}' "$MOCK$BATCHES" >"$T_TMP/status"
+    assert_eq "a batch created with $how" "$(status)" 200
+    get "$BATCHES/$(body -r .id)"
+    assert_eq "and answered, with $how" "$(body -c '[.status, .request_counts.completed]')" '["completed",3]'
+  done
+  local bad
+  for bad in 'zz\r\n{}\r\n0\r\n\r\n' '2\r\n{}XX\r\n0\r\n\r\n' '-1\r\n' 'ffffffff\r\n'; do
+    assert_eq "a bad chunked body $bad" "$(raw_request "POST $BATCHES HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n$bad")" 400
+  done
+  assert_eq "a bad Content-Length" "$(raw_request "POST $FILES HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n")" 400
+  assert_eq "an empty upload" "$(raw_request "POST $FILES HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")" 400
+  assert_eq "still serving" "$(curl -s -m 10 "$MOCK/healthz")" ok
+  assert_eq "files kept: two uploads, two outputs" "$(stats .batches.files)" 4
+}
+
 t_run "$@"
