@@ -543,6 +543,7 @@ case_a_cancelled_batch_ends_cancelled_with_its_unfinished_items_in_both_shapes()
   chat_lines h 10 >"$T_TMP/half.jsonl"
   openai_batch "$T_TMP/half.jsonl"
   bid=$BID
+  # shellcheck disable=SC2016 # eval expands it, each try
   wait_for "an item to be done" 60 eval '[[ $(curl -s -m 10 "$MOCK$BATCHES/$bid" | jq .request_counts.completed) -ge 1 ]]'
   local done_before
   done_before=$(curl -s -m 10 "$MOCK$BATCHES/$bid" | jq .request_counts.completed)
@@ -795,6 +796,7 @@ case_three_clients_making_batches_at_once_get_distinct_ids_and_every_item() {
   for c in "${pids[@]}"; do wait "$c" || fail "a client failed"; done
   cat "$T_TMP"/ids? >"$T_TMP/ids"
   assert_eq "twelve distinct batch ids" "$(grep -c '^batch_' "$T_TMP/ids")/$(sort -u "$T_TMP/ids" | wc -l)" "12/12"
+  # shellcheck disable=SC2016 # eval expands it, each try
   wait_for "every batch to end" 60 eval '[[ $(stats .batches.live) == 0 ]]'
   local bid
   while read -r bid; do
