@@ -89,7 +89,7 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
   Shaped like the real ones; each item answers exactly what the synchronous endpoint answers
   for its body (content, id, usage and token counts), so a client can compare the two.
   None of them passes the --rpm/--tpm limits, the outages or the --rate-* faults (providers
-  limit batches apart), and their usage is counted in "batches" of /stats, not in "tokens".
+  limit batches apart; --batch-refuse below is their own fault), and their usage is counted in "batches" of /stats, not in "tokens".
 
   OpenAI
   POST /v1/files             multipart/form-data, fields purpose=batch and file (JSONL, one
@@ -168,15 +168,21 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
        (default 0.5): the first floor(F * items) in order are done first, the rest expire.
   POST /_control takes batch_delay_s, batch_fail_rate, batch_expire (true/false) and
        batch_expire_done, all or nothing as the other keys.
+  --batch-refuse N (or "batch_refuse": N in /_control): the next N requests to any batch
+       endpoint (uploads, creates, GETs, cancels, results; either provider) are refused
+       with --batch-refuse-status (or "batch_refuse_status") 500 (default), 429 or 503 (the
+       last two with retry-after: 1), in the endpoint's error shape, and change nothing:
+       a client's retries of submission and polling can be tested. The only fault that
+       batch endpoints ever get.
   Markers work in batch items too: "[mock:500]" fails the item, "[mock:malformed]" gives it
   non-JSON content.
 
   /stats "batches": {"created", "completed", "expired", "cancelled", "failed" (at
   validation), "items" (at creation), "items_succeeded", "items_failed" (failed and invalid),
   "items_expired", "items_cancelled" (counted when a batch ends), "live" (not ended yet),
-  "files" (kept), "tokens": {"prompt", "completion", "total"} (of succeeded items),
+  "files" (kept), "refused" (by --batch-refuse), "tokens": {"prompt", "completion", "total"} (of succeeded items),
   "by_provider": {"openai": {...the same and "tokens"}, "anthropic": {...}}, "settings":
-  {the four knobs now}}. Batch requests are counted under "requests" and "answers" by path,
+  {the knobs now; batch_refuse is the refusals left}}. Batch requests are counted under "requests" and "answers" by path,
   ids replaced by {id}: "/v1/batches/{id}", "/v1/files/{id}/content", ...
   A batch moves on when anything looks at it (a GET, /stats, or the watchdog every 0.2 s).
 
@@ -465,7 +471,8 @@ class Mock:
         if not isinstance(req, dict):
             return "want a JSON object"
         known = {"outage_s", "retry_after", "status", "paths", "rpm", "tpm", "retry_after_format",
-                 "batch_delay_s", "batch_fail_rate", "batch_expire", "batch_expire_done"}
+                 "batch_delay_s", "batch_fail_rate", "batch_expire", "batch_expire_done",
+                 "batch_refuse", "batch_refuse_status"}
         bad = sorted(set(req) - known)
         if bad:
             return "unknown keys: " + ", ".join(bad)
@@ -484,11 +491,15 @@ class Mock:
             bdelay = number("batch_delay_s", 0) if "batch_delay_s" in req else None
             brate = number("batch_fail_rate", 0) if "batch_fail_rate" in req else None
             bdone = number("batch_expire_done", 0) if "batch_expire_done" in req else None
+            brefuse = number("batch_refuse", 0, True) if "batch_refuse" in req else None
         except ValueError as e:
             return str(e)
         for k, v in (("batch_fail_rate", brate), ("batch_expire_done", bdone)):
             if v is not None and v > 1:
                 return "%s must be a fraction between 0 and 1" % k
+        bstatus = req.get("batch_refuse_status")
+        if bstatus is not None and (isinstance(bstatus, bool) or bstatus not in (429, 500, 503)):
+            return "batch_refuse_status must be 429, 500 or 503"
         bexpire = req.get("batch_expire")
         if bexpire is not None and not isinstance(bexpire, bool):
             return "batch_expire must be true or false"
@@ -530,6 +541,10 @@ class Mock:
                          ("batch_expire", bexpire), ("batch_expire_done", bdone)):
                 if v is not None:
                     self.batches.settings[k] = v
+            if brefuse is not None:
+                self.batches.refuse = brefuse
+            if bstatus is not None:
+                self.batches.refuse_status = bstatus
         return None
 
     def decide(self, path, key, can_malform):
@@ -762,6 +777,9 @@ class Batches:
         self.made = 0            # ids handed out
         self.submitted = {}      # (provider, custom_id) -> times in a batch before
         self.port = 0
+        self.refuse = args.batch_refuse          # the next N batch requests get refuse_status
+        self.refuse_status = args.batch_refuse_status
+        self.refused = 0
         zero = {k: 0 for k in ("created", "completed", "expired", "cancelled", "failed",
                                "items", "items_succeeded", "items_failed", "items_expired",
                                "items_cancelled")}
@@ -1022,7 +1040,9 @@ class Batches:
         tok = {p: dict(u, total=u["prompt"] + u["completion"]) for p, u in self.usage.items()}
         out["tokens"] = {k: sum(t[k] for t in tok.values()) for k in ("prompt", "completion", "total")}
         out["by_provider"] = {p: dict(self.counts[p], tokens=tok[p]) for p in (OPENAI, ANTHROPIC)}
-        out["settings"] = dict(self.settings)
+        out["refused"] = self.refused
+        out["settings"] = dict(self.settings, batch_refuse=self.refuse,
+                               batch_refuse_status=self.refuse_status)
         return out
 
 
@@ -1124,6 +1144,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, self.mock.snapshot())
         self.mock.arrive(path)
         if path in BATCH_GETS:
+            if self.batch_refused(path):
+                return
             return BATCH_GETS[path](self, path, oid)
         if path == "/healthz":
             body = b"ok\n"
@@ -1199,6 +1221,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, self.mock.snapshot())
         path, oid = route(path)
         self.mock.arrive(path)
+        if path in BATCH_POSTS and self.batch_refused(path):
+            return
         if path == FILES:
             return self.upload(path)
         if path in BATCH_CANCELS:
@@ -1405,6 +1429,30 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    def batch_refused(self, path):
+        """Refuses this batch request when /_control asked for the next N to be refused
+        (a provider's 500, its 429 with Retry-After: 1, or its 503); True when it did."""
+        with self.mock.lock:
+            bs = self.mock.batches
+            if bs.refuse <= 0:
+                return False
+            bs.refuse -= 1
+            bs.refused += 1
+            status = bs.refuse_status
+        if self.command == "POST":
+            try:
+                self.read_body(MAX_UPLOAD)
+            except ValueError:
+                pass
+        anthropic = path.startswith(MESSAGES)
+        kind = {429: "rate_limit_error" if anthropic else "rate_limit",
+                500: "api_error" if anthropic else "server_error",
+                503: "overloaded_error" if anthropic else "server_error"}[status]
+        self.mock.answered(path, str(status))
+        self.send_json(status, self.error_body(path, kind, "batch request refused (mock)"),
+                       {"retry-after": "1"} if status != 500 else None)
+        return True
+
     def upload(self, path):
         try:
             raw = self.read_body(MAX_UPLOAD)
@@ -1600,6 +1648,7 @@ BATCH_GETS = {
     MSG_BATCHES + "/{id}/results": Handler.results,
 }
 BATCH_CANCELS = {BATCHES + "/{id}/cancel", MSG_BATCHES + "/{id}/cancel"}
+BATCH_POSTS = BATCH_CANCELS | {FILES, BATCHES, MSG_BATCHES}
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -1642,6 +1691,9 @@ def main():
                     help="batches expire at the delay instead of completing")
     ap.add_argument("--batch-expire-done", type=fraction, default=0.5, metavar="F",
                     help="under --batch-expire, the share of items done first (default 0.5)")
+    ap.add_argument("--batch-refuse", type=count, default=0, metavar="N",
+                    help="refuse the first N batch requests (test a client's retries)")
+    ap.add_argument("--batch-refuse-status", type=int, choices=(429, 500, 503), default=500)
     ap.add_argument("--max-requests", type=int, default=0, metavar="N",
                     help="exit after N requests (0 = no bound)")
     ap.add_argument("--idle-exit", type=float, default=600.0, metavar="S",

@@ -324,7 +324,8 @@ case_bad_flags_exit_2_with_one_line() {
   for bad in "--rpm -1" "--tpm x" "--window-s 0" "--outage 5" "--outage -1+5" "--outage 1+0" \
              "--outage-status 500" "--retry-after-format iso" "--outage-retry-after -2" \
              "--outage-path /v1/nope" "--batch-delay-s -1" "--batch-delay-s inf" "--batch-fail-rate 2" \
-             "--batch-fail-rate x" "--batch-expire-done -0.5"; do
+             "--batch-fail-rate x" "--batch-expire-done -0.5" "--batch-refuse -1" \
+             "--batch-refuse-status 404"; do
     # shellcheck disable=SC2086 # the flag and its value are two words on purpose
     expect_exit 2 python3 "$MOCK_PY" --port 0 $bad
     assert_contains "$bad: names the flag" "$(tail -1 "$T_ERR")" "${bad%% *}"
@@ -770,7 +771,8 @@ case_control_sets_the_batch_knobs_for_new_batches_only() {
   for bad in '{"batch_delay_s":-1}' '{"batch_delay_s":"1"}' '{"batch_delay_s":1e999}' '{"batch_delay_s":null}' \
              '{"batch_fail_rate":1.5}' '{"batch_fail_rate":-0.1}' '{"batch_fail_rate":true}' \
              '{"batch_expire":1}' '{"batch_expire":"yes"}' '{"batch_expire_done":2}' \
-             '{"batch_delay_s":1,"batch_delay":1}'; do
+             '{"batch_refuse":-1}' '{"batch_refuse":1.5}' '{"batch_refuse_status":404}' \
+             '{"batch_refuse_status":true}' '{"batch_delay_s":1,"batch_delay":1}'; do
     control "$bad"
     assert_eq "400 for $bad" "$(status)" 400
     [[ -n $(body .error.message) ]] || fail "no message for $bad"
@@ -847,6 +849,44 @@ case_uploads_sent_chunked_or_after_100_continue_are_taken_and_bad_chunks_refused
   assert_eq "an empty upload" "$(raw_request "POST $FILES HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")" 400
   assert_eq "still serving" "$(curl -s -m 10 "$MOCK/healthz")" ok
   assert_eq "files kept: two uploads, two outputs" "$(stats .batches.files)" 4
+}
+
+case_refused_batch_requests_get_the_providers_errors_change_nothing_and_then_flow() {
+  start_mock --batch-delay-s 0 --batch-refuse 1
+  chat_lines r 2 >"$T_TMP/in.jsonl"
+  upload "$T_TMP/in.jsonl"
+  assert_eq "the first is refused by the flag" "$(status)" 500
+  assert_eq "OpenAI's server error" "$(body -r .error.type)" server_error
+  assert_eq "no file kept" "$(stats .batches.files)" 0
+  local st fid bid
+  for st in 429 503; do
+    control "{\"batch_refuse\":3,\"batch_refuse_status\":$st}"
+    assert_eq "control answers it" "$(body -c '.batches.settings | [.batch_refuse, .batch_refuse_status]')" "[3,$st]"
+    upload "$T_TMP/in.jsonl"
+    assert_eq "upload refused with $st" "$(status)" "$st"
+    post "$MBATCHES" '{"requests":[{"custom_id":"a","params":{"messages":[{"role":"user","content":"x"}]}}]}'
+    assert_eq "message batch refused with $st" "$(status)" "$st"
+    assert_eq "retry-after on $st" "$(header retry-after)" 1
+    assert_eq "Anthropic's shape for $st" "$(body -c '[.type, .error.type]')" \
+      "[\"error\",\"$([[ $st == 429 ]] && echo rate_limit_error || echo overloaded_error)\"]"
+    get "$BATCHES/batch_nope"
+    assert_eq "GETs refused too ($st), before the lookup" "$(status)" "$st"
+  done
+  assert_eq "nothing was made" "$(stats -c '.batches | [.files, .created, .refused]')" "[0,0,7]"
+  openai_batch "$T_TMP/in.jsonl"
+  bid=$BID
+  control '{"batch_refuse":1}'
+  post "$BATCHES/$bid/cancel" ""
+  assert_eq "a cancel refused (the status set last stays)" "$(status)" 503
+  get "$BATCHES/$bid"
+  assert_eq "then everything flows, the batch untouched" "$(body -c '[.status, .request_counts.completed]')" '["completed",2]'
+  fid=$(body -r .output_file_id)
+  control '{"batch_refuse":1,"batch_refuse_status":500}'
+  get "$FILES/$fid/content"
+  assert_eq "a content download refused" "$(status)" 500
+  get "$FILES/$fid/content"
+  assert_eq "and the next one served" "$(status)/$(wc -l <"$T_TMP/body")" 200/2
+  assert_eq "sync endpoints never refused by it" "$(stats '.answers["/v1/chat/completions"] // {}')" '{}'
 }
 
 t_run "$@"
