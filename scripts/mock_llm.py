@@ -131,7 +131,7 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
                   endpoint would refuse, e.g. no messages; decided per item, as the real one)
          expired: "response": null, "error": {"code": "batch_expired", "message"}
          cancelled: "response": null, "error": {"code": "batch_cancelled", "message"}
-       Lines keep the input file's order.
+       Lines keep the input file's order, unless --batch-shuffle (below).
   POST /v1/batches/{id}/cancel -> the batch, "cancelling"; it is "cancelled" min(1 s,
        delay / 10) later. Items done before the cancel keep their answers; the rest are
        cancelled. Again while cancelling: the same answer; once ended: 409.
@@ -166,8 +166,12 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
        new batch draws again, so a per-item retry can succeed.
   --batch-expire: batches expire at the delay instead of completing; --batch-expire-done F
        (default 0.5): the first floor(F * items) in order are done first, the rest expire.
-  POST /_control takes batch_delay_s, batch_fail_rate, batch_expire (true/false) and
-       batch_expire_done, all or nothing as the other keys.
+  POST /_control takes batch_delay_s, batch_fail_rate, batch_expire (true/false),
+       batch_expire_done, batch_shuffle, batch_refuse and batch_refuse_status, all or
+       nothing as the other keys.
+  --batch-shuffle (or "batch_shuffle": true): the lines of output and error files and of
+       results come in an order of their own (a hash of seed, batch id and custom_id), as
+       neither provider promises an order: proves that a client matches on custom_id.
   --batch-refuse N (or "batch_refuse": N in /_control): the next N requests to any batch
        endpoint (uploads, creates, GETs, cancels, results; either provider) are refused
        with --batch-refuse-status (or "batch_refuse_status") 500 (default), 429 or 503 (the
@@ -472,7 +476,7 @@ class Mock:
             return "want a JSON object"
         known = {"outage_s", "retry_after", "status", "paths", "rpm", "tpm", "retry_after_format",
                  "batch_delay_s", "batch_fail_rate", "batch_expire", "batch_expire_done",
-                 "batch_refuse", "batch_refuse_status"}
+                 "batch_refuse", "batch_refuse_status", "batch_shuffle"}
         bad = sorted(set(req) - known)
         if bad:
             return "unknown keys: " + ", ".join(bad)
@@ -503,6 +507,9 @@ class Mock:
         bexpire = req.get("batch_expire")
         if bexpire is not None and not isinstance(bexpire, bool):
             return "batch_expire must be true or false"
+        bshuffle = req.get("batch_shuffle")
+        if bshuffle is not None and not isinstance(bshuffle, bool):
+            return "batch_shuffle must be true or false"
         status = req.get("status")
         if status is not None and status not in (429, 503):
             return "status must be 429 or 503"
@@ -538,7 +545,8 @@ class Mock:
                 self.retry_after_format = fmt
             # Batches take these when they are created; those under way keep their own.
             for k, v in (("batch_delay_s", bdelay), ("batch_fail_rate", brate),
-                         ("batch_expire", bexpire), ("batch_expire_done", bdone)):
+                         ("batch_expire", bexpire), ("batch_expire_done", bdone),
+                         ("batch_shuffle", bshuffle)):
                 if v is not None:
                     self.batches.settings[k] = v
             if brefuse is not None:
@@ -770,7 +778,8 @@ class Batches:
         self.settings = {"batch_delay_s": args.batch_delay_s,
                          "batch_fail_rate": args.batch_fail_rate,
                          "batch_expire": args.batch_expire,
-                         "batch_expire_done": args.batch_expire_done}
+                         "batch_expire_done": args.batch_expire_done,
+                         "batch_shuffle": args.batch_shuffle}
         self.files = {}          # id -> {"meta": file object, "data": bytes}
         self.batches = {}        # id -> batch (both providers; the id prefixes differ)
         self.live = []           # batches not ended yet, oldest first
@@ -894,6 +903,9 @@ class Batches:
         c["items_expired"] += tally["expired"]
         c["items_cancelled"] += tally["cancelled"]
         b["out_counts"] = tally
+        if b["settings"]["batch_shuffle"]:
+            # Neither provider promises an order: a client must match on custom_id.
+            fates.sort(key=lambda cf: digest(self.seed, "shuffle", b["id"], cf[0]))
         if b["provider"] == OPENAI:
             self.openai_files(b, fates)
         else:
@@ -1691,6 +1703,8 @@ def main():
                     help="batches expire at the delay instead of completing")
     ap.add_argument("--batch-expire-done", type=fraction, default=0.5, metavar="F",
                     help="under --batch-expire, the share of items done first (default 0.5)")
+    ap.add_argument("--batch-shuffle", action="store_true",
+                    help="batch output, error and results lines in no particular order")
     ap.add_argument("--batch-refuse", type=count, default=0, metavar="N",
                     help="refuse the first N batch requests (test a client's retries)")
     ap.add_argument("--batch-refuse-status", type=int, choices=(429, 500, 503), default=500)

@@ -772,7 +772,7 @@ case_control_sets_the_batch_knobs_for_new_batches_only() {
              '{"batch_fail_rate":1.5}' '{"batch_fail_rate":-0.1}' '{"batch_fail_rate":true}' \
              '{"batch_expire":1}' '{"batch_expire":"yes"}' '{"batch_expire_done":2}' \
              '{"batch_refuse":-1}' '{"batch_refuse":1.5}' '{"batch_refuse_status":404}' \
-             '{"batch_refuse_status":true}' '{"batch_delay_s":1,"batch_delay":1}'; do
+             '{"batch_refuse_status":true}' '{"batch_shuffle":1}' '{"batch_delay_s":1,"batch_delay":1}'; do
     control "$bad"
     assert_eq "400 for $bad" "$(status)" 400
     [[ -n $(body .error.message) ]] || fail "no message for $bad"
@@ -887,6 +887,34 @@ case_refused_batch_requests_get_the_providers_errors_change_nothing_and_then_flo
   get "$FILES/$fid/content"
   assert_eq "and the next one served" "$(status)/$(wc -l <"$T_TMP/body")" 200/2
   assert_eq "sync endpoints never refused by it" "$(stats '.answers["/v1/chat/completions"] // {}')" '{}'
+}
+
+case_shuffled_results_hold_every_answer_under_its_custom_id_in_another_order() {
+  start_mock --batch-delay-s 0 --batch-shuffle --batch-fail-rate 0.3 --seed 4
+  chat_lines s 20 >"$T_TMP/in.jsonl"
+  openai_batch "$T_TMP/in.jsonl"
+  get "$BATCHES/$BID"
+  { content "$(body -r .output_file_id)"; content "$(body -r .error_file_id)"; } >"$T_TMP/out.jsonl"
+  assert_eq "every custom_id once" "$(jq -r .custom_id "$T_TMP/out.jsonl" | sort | tr '\n' ' ')" "$(jq -r .custom_id "$T_TMP/in.jsonl" | sort | tr '\n' ' ')"
+  [[ $(jq -r 'select(.error == null and .response.status_code == 200) | .custom_id' "$T_TMP/out.jsonl" | tr '\n' ' ') != \
+     "$(jq -r .custom_id "$T_TMP/in.jsonl" | grep -F -x -f <(jq -r 'select(.response.status_code == 200) | .custom_id' "$T_TMP/out.jsonl") | tr '\n' ' ')" ]] ||
+    fail "the output file kept the input order"
+  # Each answer is the one for its own request.
+  local cid want
+  for cid in $(jq -r 'select(.response.status_code == 200) | .custom_id' "$T_TMP/out.jsonl"); do
+    post "$CHAT" "$(jq -c --arg c "$cid" 'select(.custom_id == $c) | .body' "$T_TMP/in.jsonl")"
+    want=$(jq -cS . "$T_TMP/body")
+    assert_eq "$cid has its own answer" "$(jq -cS --arg c "$cid" 'select(.custom_id == $c) | .response.body' "$T_TMP/out.jsonl")" "$want"
+  done
+  post "$MBATCHES" "$(jq -cn '{requests: [range(1; 21) | {custom_id: "m\(.)", params: {messages: [{role: "user", content: "grade \(.)"}]}}]}')"
+  get "$MBATCHES/$(body -r .id)/results"
+  [[ $(jq -r .custom_id "$T_TMP/body" | tr '\n' ' ') != "$(seq -f 'm%g' 1 20 | tr '\n' ' ')" ]] || fail "the results kept the request order"
+  assert_eq "every result once" "$(jq -r .custom_id "$T_TMP/body" | sort | tr '\n' ' ')" "$(seq -f 'm%g' 1 20 | sort | tr '\n' ' ')"
+  control '{"batch_shuffle":false}'
+  openai_batch "$T_TMP/in.jsonl"
+  get "$BATCHES/$BID"
+  assert_eq "in order again once it is off" "$(content "$(body -r .output_file_id)" | jq -r .custom_id | tr '\n' ' ')" \
+    "$(jq -r .custom_id "$T_TMP/in.jsonl" | grep -F -x -f <(content "$(body -r .output_file_id)" | jq -r .custom_id) | tr '\n' ' ')"
 }
 
 t_run "$@"
