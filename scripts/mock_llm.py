@@ -89,7 +89,8 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
   Shaped like the real ones; each item answers exactly what the synchronous endpoint answers
   for its body (content, id, usage and token counts), so a client can compare the two.
   None of them passes the --rpm/--tpm limits, the outages or the --rate-* faults (providers
-  limit batches apart; --batch-refuse below is their own fault), and their usage is counted in "batches" of /stats, not in "tokens".
+  limit batches apart; --batch-refuse below is their own fault), and their usage is counted
+  in "batches" of /stats, not in "tokens".
 
   OpenAI
   POST /v1/files             multipart/form-data, fields purpose=batch and file (JSONL, one
@@ -148,8 +149,8 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
   GET  /v1/messages/batches/{id} -> processing_status "ended" after the delay, ended_at and
        results_url = http://127.0.0.1:<port>/v1/messages/batches/{id}/results; counts
        move from processing as items are done. GET /v1/messages/batches lists them.
-  GET  /v1/messages/batches/{id}/results -> JSONL in request order (the real one does not
-       promise an order; match on custom_id): {"custom_id", "result": R}, R one of
+  GET  /v1/messages/batches/{id}/results -> JSONL in request order unless --batch-shuffle
+       (the real one promises no order; match on custom_id): {"custom_id", "result": R}:
          {"type": "succeeded", "message": <the message /v1/messages gives>}
          {"type": "errored", "error": {"type": "error", "error": {"type": "api_error"
           (failed) | "invalid_request_error" (params /v1/messages would refuse), "message"}}}
@@ -184,10 +185,11 @@ Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
   /stats "batches": {"created", "completed", "expired", "cancelled", "failed" (at
   validation), "items" (at creation), "items_succeeded", "items_failed" (failed and invalid),
   "items_expired", "items_cancelled" (counted when a batch ends), "live" (not ended yet),
-  "files" (kept), "refused" (by --batch-refuse), "tokens": {"prompt", "completion", "total"} (of succeeded items),
-  "by_provider": {"openai": {...the same and "tokens"}, "anthropic": {...}}, "settings":
-  {the knobs now; batch_refuse is the refusals left}}. Batch requests are counted under "requests" and "answers" by path,
-  ids replaced by {id}: "/v1/batches/{id}", "/v1/files/{id}/content", ...
+  "files" (kept), "refused" (by --batch-refuse), "tokens": {"prompt", "completion",
+  "total"} (of succeeded items), "by_provider": {"openai": {the counts above from "created"
+  to "items_cancelled", and "tokens"}, "anthropic": {...}}, "settings": {the knobs now;
+  batch_refuse is the refusals left}}. Batch requests are counted under "requests" and
+  "answers" by path, ids replaced by {id}: "/v1/batches/{id}", "/v1/files/{id}/content", ...
   A batch moves on when anything looks at it (a GET, /stats, or the watchdog every 0.2 s).
 
 Lifetime: exits after --max-requests N requests (0 = no bound), and by itself after
