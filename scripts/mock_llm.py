@@ -5,6 +5,7 @@ Python 3 standard library only. Binds 127.0.0.1; prints `PORT <n>` as its first 
 
     scripts/mock_llm.py --port 0 --rate-429 0.1 --rate-500 0.05 --rate-malformed 0.05 --seed 7
     scripts/mock_llm.py --port 0 --rpm 300 --tpm 100000 --outage 120+600 --outage-retry-after 60
+    scripts/mock_llm.py --port 0 --batch-delay-s 30 --batch-fail-rate 0.1 --seed 3
 
 Endpoints
   POST /v1/chat/completions  (OpenAI) {model, messages: [{role, content}]}
@@ -83,6 +84,113 @@ attempts.
 Markers in a prompt force an answer whatever the rates (and do not count against the bound):
 "[mock:malformed]" always gets non-JSON content, "[mock:bad-grade]" gets {"grade": 9, …},
 "[mock:500]" always gets a 500.
+
+Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
+  Shaped like the real ones; each item answers exactly what the synchronous endpoint answers
+  for its body (content, id, usage and token counts), so a client can compare the two.
+  None of them passes the --rpm/--tpm limits, the outages or the --rate-* faults (providers
+  limit batches apart; --batch-refuse below is their own fault), and their usage is counted
+  in "batches" of /stats, not in "tokens".
+
+  OpenAI
+  POST /v1/files             multipart/form-data, fields purpose=batch and file (JSONL, one
+       request a line: {"custom_id", "method": "POST", "url": "/v1/chat/completions",
+       "body": {...a chat request...}}; blank lines are skipped; other fields are ignored)
+       -> {"id": "file-<hex>", "object": "file", "bytes", "created_at", "filename",
+           "purpose": "batch", "status": "processed", "status_details": null}
+       400 (OpenAI's error shape, the line named) for a body that is not well-formed
+       multipart, a purpose other than batch, no file field, a file that is not UTF-8 or
+       holds no request, a line that is not a JSON object, a custom_id that is not a
+       non-empty string or is used twice, a method other than POST, another url, a body
+       that is not an object. A 400 keeps nothing. Bodies (of every endpoint) may come by
+       Content-Length or chunked, after "Expect: 100-continue" or not, as libcurl sends them.
+  POST /v1/batches           {"input_file_id", "endpoint": "/v1/chat/completions",
+       "completion_window": "24h", "metadata"?: up to 16 string pairs} (other keys: 400;
+       an unknown file or one that is not purpose=batch: 400)
+       -> the batch: {"id": "batch_<hex>", "object": "batch", "endpoint", "errors",
+          "input_file_id", "completion_window", "status", "output_file_id", "error_file_id",
+          "created_at", "in_progress_at", "expires_at" (created_at + 24 h), "finalizing_at",
+          "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+          "request_counts": {"total", "completed", "failed"}, "metadata"} (unix seconds)
+  GET  /v1/batches/{id}      -> the batch now; GET /v1/batches lists them, newest first.
+       status: validating for the first 10 % of the delay, in_progress to 90 % (items are
+       done one after another, in file order, and counted as they are), finalizing, then
+       completed at the delay. Also: "expired" (--batch-expire), "cancelling" then
+       "cancelled" (below), and "failed" at the end of validating when the file's requests
+       name more than one model (errors: {"object": "list", "data": [{"code":
+       "mismatched_model", "param": "body.model", "line", "message"}]}; no files, counts 0).
+       Once ended, request_counts.completed is the items answered 200 and failed all the
+       others (failed, invalid, expired, cancelled): total = completed + failed.
+  GET  /v1/files/{id}/content -> the file's bytes (GET /v1/files/{id}: its object).
+       output_file_id (null when no item succeeded) holds a line per answered item:
+         {"id": "batch_req_<hex>", "custom_id", "response": {"status_code": 200,
+          "request_id": "req_<hex>", "body": <the chat completion>}, "error": null}
+       error_file_id (null when none) holds the others:
+         failed:  "response": {"status_code": 500, "request_id", "body": {"error":
+                  {"message", "type": "server_error", "param": null, "code": null}}}
+         invalid: the same with 400 and "invalid_request_error" (a body the synchronous
+                  endpoint would refuse, e.g. no messages; decided per item, as the real one)
+         expired: "response": null, "error": {"code": "batch_expired", "message"}
+         cancelled: "response": null, "error": {"code": "batch_cancelled", "message"}
+       Lines keep the input file's order, unless --batch-shuffle (below).
+  POST /v1/batches/{id}/cancel -> the batch, "cancelling"; it is "cancelled" min(1 s,
+       delay / 10) later. Items done before the cancel keep their answers; the rest are
+       cancelled. Again while cancelling: the same answer; once ended: 409.
+
+  Anthropic
+  POST /v1/messages/batches  {"requests": [{"custom_id", "params": {...a /v1/messages
+       request...}}]} (custom_id 1-64 of a-z A-Z 0-9 _ -, unique; anything else in the
+       body or a request: 400 in Anthropic's shape, nothing kept)
+       -> {"id": "msgbatch_<hex>", "type": "message_batch", "processing_status":
+           "in_progress", "request_counts": {"processing", "succeeded", "errored",
+           "canceled", "expired"}, "ended_at": null, "created_at", "expires_at",
+           "archived_at": null, "cancel_initiated_at": null, "results_url": null}
+           (times in RFC 3339 with microseconds, as Anthropic writes them)
+  GET  /v1/messages/batches/{id} -> processing_status "ended" after the delay, ended_at and
+       results_url = http://127.0.0.1:<port>/v1/messages/batches/{id}/results; counts
+       move from processing as items are done. GET /v1/messages/batches lists them.
+  GET  /v1/messages/batches/{id}/results -> JSONL in request order unless --batch-shuffle
+       (the real one promises no order; match on custom_id): {"custom_id", "result": R}:
+         {"type": "succeeded", "message": <the message /v1/messages gives>}
+         {"type": "errored", "error": {"type": "error", "error": {"type": "api_error"
+          (failed) | "invalid_request_error" (params /v1/messages would refuse), "message"}}}
+         {"type": "expired"}, {"type": "canceled"}
+       Before the end: 409.
+  POST /v1/messages/batches/{id}/cancel -> "canceling", then "ended" as OpenAI's above.
+  Unknown ids (or the other provider's): 404 in the endpoint's shape.
+
+  Knobs, for batches created after they are set (one under way keeps its own):
+  --batch-delay-s S (default 2; 0 ends a batch at once): creation to the end.
+  --batch-fail-rate F (default 0): the share of items that fail, drawn by a hash of (seed,
+       custom_id, how many times that custom_id was in a batch of that provider before):
+       the same items fail on every run with the same seed, and an item sent again in a
+       new batch draws again, so a per-item retry can succeed.
+  --batch-expire: batches expire at the delay instead of completing; --batch-expire-done F
+       (default 0.5): the first floor(F * items) in order are done first, the rest expire.
+  POST /_control takes batch_delay_s, batch_fail_rate, batch_expire (true/false),
+       batch_expire_done, batch_shuffle, batch_refuse and batch_refuse_status, all or
+       nothing as the other keys.
+  --batch-shuffle (or "batch_shuffle": true): the lines of output and error files and of
+       results come in an order of their own (a hash of seed, batch id and custom_id), as
+       neither provider promises an order: proves that a client matches on custom_id.
+  --batch-refuse N (or "batch_refuse": N in /_control): the next N requests to any batch
+       endpoint (uploads, creates, GETs, cancels, results; either provider) are refused
+       with --batch-refuse-status (or "batch_refuse_status") 500 (default), 429 or 503 (the
+       last two with retry-after: 1), in the endpoint's error shape, and change nothing:
+       a client's retries of submission and polling can be tested. The only fault that
+       batch endpoints ever get.
+  Markers work in batch items too: "[mock:500]" fails the item, "[mock:malformed]" gives it
+  non-JSON content.
+
+  /stats "batches": {"created", "completed", "expired", "cancelled", "failed" (at
+  validation), "items" (at creation), "items_succeeded", "items_failed" (failed and invalid),
+  "items_expired", "items_cancelled" (counted when a batch ends), "live" (not ended yet),
+  "files" (kept), "refused" (by --batch-refuse), "tokens": {"prompt", "completion",
+  "total"} (of succeeded items), "by_provider": {"openai": {the counts above from "created"
+  to "items_cancelled", and "tokens"}, "anthropic": {...}}, "settings": {the knobs now;
+  batch_refuse is the refusals left}}. Batch requests are counted under "requests" and
+  "answers" by path, ids replaced by {id}: "/v1/batches/{id}", "/v1/files/{id}/content", ...
+  A batch moves on when anything looks at it (a GET, /stats, or the watchdog every 0.2 s).
 
 Lifetime: exits after --max-requests N requests (0 = no bound), and by itself after
 --idle-exit S seconds without a request (default 600), so a forgotten mock never lingers.
@@ -369,7 +477,8 @@ class Mock:
         if not isinstance(req, dict):
             return "want a JSON object"
         known = {"outage_s", "retry_after", "status", "paths", "rpm", "tpm", "retry_after_format",
-                 "batch_delay_s", "batch_fail_rate", "batch_expire", "batch_expire_done"}
+                 "batch_delay_s", "batch_fail_rate", "batch_expire", "batch_expire_done",
+                 "batch_refuse", "batch_refuse_status", "batch_shuffle"}
         bad = sorted(set(req) - known)
         if bad:
             return "unknown keys: " + ", ".join(bad)
@@ -388,14 +497,21 @@ class Mock:
             bdelay = number("batch_delay_s", 0) if "batch_delay_s" in req else None
             brate = number("batch_fail_rate", 0) if "batch_fail_rate" in req else None
             bdone = number("batch_expire_done", 0) if "batch_expire_done" in req else None
+            brefuse = number("batch_refuse", 0, True) if "batch_refuse" in req else None
         except ValueError as e:
             return str(e)
         for k, v in (("batch_fail_rate", brate), ("batch_expire_done", bdone)):
             if v is not None and v > 1:
                 return "%s must be a fraction between 0 and 1" % k
+        bstatus = req.get("batch_refuse_status")
+        if bstatus is not None and (isinstance(bstatus, bool) or bstatus not in (429, 500, 503)):
+            return "batch_refuse_status must be 429, 500 or 503"
         bexpire = req.get("batch_expire")
         if bexpire is not None and not isinstance(bexpire, bool):
             return "batch_expire must be true or false"
+        bshuffle = req.get("batch_shuffle")
+        if bshuffle is not None and not isinstance(bshuffle, bool):
+            return "batch_shuffle must be true or false"
         status = req.get("status")
         if status is not None and status not in (429, 503):
             return "status must be 429 or 503"
@@ -431,9 +547,14 @@ class Mock:
                 self.retry_after_format = fmt
             # Batches take these when they are created; those under way keep their own.
             for k, v in (("batch_delay_s", bdelay), ("batch_fail_rate", brate),
-                         ("batch_expire", bexpire), ("batch_expire_done", bdone)):
+                         ("batch_expire", bexpire), ("batch_expire_done", bdone),
+                         ("batch_shuffle", bshuffle)):
                 if v is not None:
                     self.batches.settings[k] = v
+            if brefuse is not None:
+                self.batches.refuse = brefuse
+            if bstatus is not None:
+                self.batches.refuse_status = bstatus
         return None
 
     def decide(self, path, key, can_malform):
@@ -659,13 +780,17 @@ class Batches:
         self.settings = {"batch_delay_s": args.batch_delay_s,
                          "batch_fail_rate": args.batch_fail_rate,
                          "batch_expire": args.batch_expire,
-                         "batch_expire_done": args.batch_expire_done}
+                         "batch_expire_done": args.batch_expire_done,
+                         "batch_shuffle": args.batch_shuffle}
         self.files = {}          # id -> {"meta": file object, "data": bytes}
         self.batches = {}        # id -> batch (both providers; the id prefixes differ)
         self.live = []           # batches not ended yet, oldest first
         self.made = 0            # ids handed out
         self.submitted = {}      # (provider, custom_id) -> times in a batch before
         self.port = 0
+        self.refuse = args.batch_refuse          # the next N batch requests get refuse_status
+        self.refuse_status = args.batch_refuse_status
+        self.refused = 0
         zero = {k: 0 for k in ("created", "completed", "expired", "cancelled", "failed",
                                "items", "items_succeeded", "items_failed", "items_expired",
                                "items_cancelled")}
@@ -780,6 +905,9 @@ class Batches:
         c["items_expired"] += tally["expired"]
         c["items_cancelled"] += tally["cancelled"]
         b["out_counts"] = tally
+        if b["settings"]["batch_shuffle"]:
+            # Neither provider promises an order: a client must match on custom_id.
+            fates.sort(key=lambda cf: digest(self.seed, "shuffle", b["id"], cf[0]))
         if b["provider"] == OPENAI:
             self.openai_files(b, fates)
         else:
@@ -926,7 +1054,9 @@ class Batches:
         tok = {p: dict(u, total=u["prompt"] + u["completion"]) for p, u in self.usage.items()}
         out["tokens"] = {k: sum(t[k] for t in tok.values()) for k in ("prompt", "completion", "total")}
         out["by_provider"] = {p: dict(self.counts[p], tokens=tok[p]) for p in (OPENAI, ANTHROPIC)}
-        out["settings"] = dict(self.settings)
+        out["refused"] = self.refused
+        out["settings"] = dict(self.settings, batch_refuse=self.refuse,
+                               batch_refuse_status=self.refuse_status)
         return out
 
 
@@ -1028,6 +1158,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, self.mock.snapshot())
         self.mock.arrive(path)
         if path in BATCH_GETS:
+            if self.batch_refused(path):
+                return
             return BATCH_GETS[path](self, path, oid)
         if path == "/healthz":
             body = b"ok\n"
@@ -1041,12 +1173,44 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(404, {"error": {"message": "no such endpoint: " + path}})
 
+    def read_body(self, limit):
+        """The request body, by Content-Length or chunked (libcurl chunks a multipart upload
+        whose size it does not know). ValueError when it is malformed or over `limit`; the
+        connection is then closed, since the rest of the body may be unread."""
+        try:
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                parts, total = [], 0
+                while True:
+                    line = self.rfile.readline(1024)
+                    try:
+                        size = int(line.split(b";", 1)[0].strip(), 16)
+                    except ValueError:
+                        raise ValueError("a bad chunk size line")
+                    if size < 0:
+                        raise ValueError("a bad chunk size line")
+                    if size == 0:
+                        while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                            pass    # trailers
+                        return b"".join(parts)
+                    total += size
+                    if total > limit:
+                        raise ValueError("body too large")
+                    parts.append(self.rfile.read(size))
+                    if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                        raise ValueError("a chunk is longer than its size")
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise ValueError("a bad Content-Length")
+            if n < 0 or n > limit:
+                raise ValueError("body too large")
+            return self.rfile.read(n) if n else b""
+        except ValueError:
+            self.close_connection = True
+            raise
+
     def read_json(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        if n < 0 or n > MAX_BODY:
-            raise ValueError("body too large")
-        raw = self.rfile.read(n) if n else b""
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(self.read_body(MAX_BODY).decode("utf-8"))
 
     def error_body(self, path, kind, msg):
         if path.startswith(MESSAGES):
@@ -1071,11 +1235,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, self.mock.snapshot())
         path, oid = route(path)
         self.mock.arrive(path)
+        if path in BATCH_POSTS and self.batch_refused(path):
+            return
         if path == FILES:
             return self.upload(path)
         if path in BATCH_CANCELS:
             if not self.drain():
-                return self.bad(path, "request body too large")
+                return self.bad(path, "request body is malformed or too large")
             return self.cancel(path, oid)
         try:
             req = self.read_json()
@@ -1270,27 +1436,44 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, obj)
 
     def drain(self):
-        """Reads a body nobody needs (a cancel's); False when it is too large to read."""
+        """Reads a body nobody needs (a cancel's); False when it is malformed or too large."""
         try:
-            n = int(self.headers.get("Content-Length") or 0)
+            self.read_body(MAX_BODY)
         except ValueError:
-            n = -1
-        if n < 0 or n > MAX_BODY:
-            self.close_connection = True
             return False
-        if n:
-            self.rfile.read(n)
+        return True
+
+    def batch_refused(self, path):
+        """Refuses this batch request when /_control asked for the next N to be refused
+        (a provider's 500, its 429 with Retry-After: 1, or its 503); True when it did."""
+        with self.mock.lock:
+            bs = self.mock.batches
+            if bs.refuse <= 0:
+                return False
+            bs.refuse -= 1
+            bs.refused += 1
+            status = bs.refuse_status
+        if self.command == "POST":
+            try:
+                self.read_body(MAX_UPLOAD)
+            except ValueError:
+                pass
+        anthropic = path.startswith(MESSAGES)
+        kind = {429: "rate_limit_error" if anthropic else "rate_limit",
+                500: "api_error" if anthropic else "server_error",
+                503: "overloaded_error" if anthropic else "server_error"}[status]
+        self.mock.answered(path, str(status))
+        self.send_json(status, self.error_body(path, kind, "batch request refused (mock)"),
+                       {"retry-after": "1"} if status != 500 else None)
         return True
 
     def upload(self, path):
         try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            n = -1
-        if n <= 0 or n > MAX_UPLOAD:
-            self.close_connection = True
-            return self.bad(path, "want a multipart/form-data body of 1 to %d bytes" % MAX_UPLOAD)
-        raw = self.rfile.read(n)
+            raw = self.read_body(MAX_UPLOAD)
+        except ValueError as e:
+            return self.bad(path, "bad multipart body: %s (want at most %d bytes)" % (e, MAX_UPLOAD))
+        if not raw:
+            return self.bad(path, "want a multipart/form-data body, not an empty one")
         try:
             fields = parse_multipart(self.headers.get("Content-Type"), raw)
         except ValueError as e:
@@ -1479,6 +1662,7 @@ BATCH_GETS = {
     MSG_BATCHES + "/{id}/results": Handler.results,
 }
 BATCH_CANCELS = {BATCHES + "/{id}/cancel", MSG_BATCHES + "/{id}/cancel"}
+BATCH_POSTS = BATCH_CANCELS | {FILES, BATCHES, MSG_BATCHES}
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -1521,6 +1705,11 @@ def main():
                     help="batches expire at the delay instead of completing")
     ap.add_argument("--batch-expire-done", type=fraction, default=0.5, metavar="F",
                     help="under --batch-expire, the share of items done first (default 0.5)")
+    ap.add_argument("--batch-shuffle", action="store_true",
+                    help="batch output, error and results lines in no particular order")
+    ap.add_argument("--batch-refuse", type=count, default=0, metavar="N",
+                    help="refuse the first N batch requests (test a client's retries)")
+    ap.add_argument("--batch-refuse-status", type=int, choices=(429, 500, 503), default=500)
     ap.add_argument("--max-requests", type=int, default=0, metavar="N",
                     help="exit after N requests (0 = no bound)")
     ap.add_argument("--idle-exit", type=float, default=600.0, metavar="S",

@@ -323,7 +323,9 @@ case_bad_flags_exit_2_with_one_line() {
   local bad
   for bad in "--rpm -1" "--tpm x" "--window-s 0" "--outage 5" "--outage -1+5" "--outage 1+0" \
              "--outage-status 500" "--retry-after-format iso" "--outage-retry-after -2" \
-             "--outage-path /v1/nope"; do
+             "--outage-path /v1/nope" "--batch-delay-s -1" "--batch-delay-s inf" "--batch-fail-rate 2" \
+             "--batch-fail-rate x" "--batch-expire-done -0.5" "--batch-refuse -1" \
+             "--batch-refuse-status 404"; do
     # shellcheck disable=SC2086 # the flag and its value are two words on purpose
     expect_exit 2 python3 "$MOCK_PY" --port 0 $bad
     assert_contains "$bad: names the flag" "$(tail -1 "$T_ERR")" "${bad%% *}"
@@ -401,6 +403,7 @@ content() { curl -s -m 30 "$MOCK$FILES/$1/content"; }
 
 case_an_openai_batch_completes_after_its_delay_with_one_answer_per_line_equal_to_the_sync_answer() {
   start_mock --batch-delay-s 3
+  assert_eq "the other knobs' defaults" "$(stats -c '.batches.settings | [.batch_fail_rate, .batch_expire, .batch_expire_done]')" '[0,false,0.5]'
   chat_lines t 5 >"$T_TMP/in.jsonl"
   upload "$T_TMP/in.jsonl"
   assert_eq "the file object" "$(body '[.object, .purpose, .bytes, .filename, (.id | test("^file-[0-9a-f]+$"))]')" \
@@ -535,6 +538,27 @@ case_a_cancelled_batch_ends_cancelled_with_its_unfinished_items_in_both_shapes()
   assert_contains "says why" "$(body -r .error.message)" "has ended"
   post "$BATCHES/batch_nope/cancel" ""
   assert_eq "an unknown batch" "$(status)" 404
+  # Cancelled part-way: what was done keeps its answers (a prefix, in order), the rest is
+  # cancelled. 30 s: an item is done every 2.4 s, the last at 27 s, far from the cancel.
+  control '{"batch_delay_s":30}'
+  chat_lines h 10 >"$T_TMP/half.jsonl"
+  openai_batch "$T_TMP/half.jsonl"
+  bid=$BID
+  # shellcheck disable=SC2016 # eval expands it, each try
+  wait_for "an item to be done" 60 eval '[[ $(curl -s -m 10 "$MOCK$BATCHES/$bid" | jq .request_counts.completed) -ge 1 ]]'
+  local done_before
+  done_before=$(curl -s -m 10 "$MOCK$BATCHES/$bid" | jq .request_counts.completed)
+  post "$BATCHES/$bid/cancel" ""
+  assert_eq "cancelled part-way" "$(body -r .status)" cancelling
+  wait_for "it to be cancelled" 30 batch_is "$BATCHES/$bid" status cancelled
+  get "$BATCHES/$bid"
+  local kept
+  kept=$(body .request_counts.completed)
+  ((kept >= done_before && kept < 10)) || fail "kept $kept answers, $done_before were done before the cancel"
+  assert_eq "the answers are the first ones" "$(content "$(body -r .output_file_id)" | jq -r .custom_id | tr '\n' ' ')" \
+    "$(jq -r .custom_id "$T_TMP/half.jsonl" | head -"$kept" | tr '\n' ' ')"
+  assert_eq "the rest cancelled" "$(content "$(body -r .error_file_id)" | jq -r '"\(.custom_id) \(.error.code)"' | tr '\n' ' ')" \
+    "$(jq -r .custom_id "$T_TMP/half.jsonl" | tail -n +"$((kept + 1))" | sed 's/$/ batch_cancelled/' | tr '\n' ' ')"
   # Anthropic.
   post "$MBATCHES" '{"requests":[{"custom_id":"k1","params":{"messages":[{"role":"user","content":"x"}]}},{"custom_id":"k2","params":{"messages":[{"role":"user","content":"y"}]}}]}'
   bid=$(body -r .id)
@@ -550,7 +574,7 @@ case_a_cancelled_batch_ends_cancelled_with_its_unfinished_items_in_both_shapes()
   assert_eq "canceled results" "$(jq -c . "$T_TMP/body" | tr '\n' ' ')" '{"custom_id":"k1","result":{"type":"canceled"}} {"custom_id":"k2","result":{"type":"canceled"}} '
   post "$MBATCHES/$bid/cancel" ""
   assert_eq "an ended message batch cannot be cancelled" "$(status)" 409
-  assert_eq "/stats" "$(stats '.batches | [.cancelled, .items_cancelled, .by_provider.openai.cancelled]')" "[2,6,1]"
+  assert_eq "/stats" "$(stats '.batches | [.cancelled, .items_cancelled, .by_provider.openai.cancelled]')" "[3,$((6 + 10 - kept)),2]"
 }
 
 case_an_anthropic_batch_ends_after_its_delay_with_the_sync_messages_as_results() {
@@ -714,9 +738,13 @@ case_bad_uploads_and_batch_requests_get_400_and_change_nothing() {
 case_control_sets_the_batch_knobs_for_new_batches_only() {
   start_mock --batch-delay-s 600
   chat_lines k 4 >"$T_TMP/in.jsonl"
-  local slow fast expired bad before
+  local slow pre fast expired bad before
   openai_batch "$T_TMP/in.jsonl"
   slow=$BID
+  # One made before the expiry is switched on below: it must still complete.
+  control '{"batch_delay_s":8}'
+  openai_batch "$T_TMP/in.jsonl"
+  pre=$BID
   control '{"batch_delay_s":0.5,"batch_fail_rate":1}'
   assert_eq "control answers the settings" "$(body -c '.batches.settings | [.batch_delay_s, .batch_fail_rate]')" '[0.5,1]'
   openai_batch "$T_TMP/in.jsonl"
@@ -732,6 +760,9 @@ case_control_sets_the_batch_knobs_for_new_batches_only() {
   wait_for "the batch to expire" 30 batch_is "$BATCHES/$expired" status expired
   get "$BATCHES/$expired"
   assert_eq "half done, half expired" "$(body -c .request_counts)" '{"total":4,"completed":2,"failed":2}'
+  wait_for "the batch made before to end" 60 batch_is "$BATCHES/$pre" status completed
+  get "$BATCHES/$pre"
+  assert_eq "it kept its own settings" "$(body -c .request_counts)" '{"total":4,"completed":4,"failed":0}'
   control '{"batch_expire":false,"batch_delay_s":0}'
   post "$MBATCHES" '{"requests":[{"custom_id":"now","params":{"messages":[{"role":"user","content":"x"}]}}]}'
   get "$MBATCHES/$(body -r .id)"
@@ -740,7 +771,8 @@ case_control_sets_the_batch_knobs_for_new_batches_only() {
   for bad in '{"batch_delay_s":-1}' '{"batch_delay_s":"1"}' '{"batch_delay_s":1e999}' '{"batch_delay_s":null}' \
              '{"batch_fail_rate":1.5}' '{"batch_fail_rate":-0.1}' '{"batch_fail_rate":true}' \
              '{"batch_expire":1}' '{"batch_expire":"yes"}' '{"batch_expire_done":2}' \
-             '{"batch_delay_s":1,"batch_delay":1}'; do
+             '{"batch_refuse":-1}' '{"batch_refuse":1.5}' '{"batch_refuse_status":404}' \
+             '{"batch_refuse_status":true}' '{"batch_shuffle":1}' '{"batch_delay_s":1,"batch_delay":1}'; do
     control "$bad"
     assert_eq "400 for $bad" "$(status)" 400
     [[ -n $(body .error.message) ]] || fail "no message for $bad"
@@ -766,6 +798,7 @@ case_three_clients_making_batches_at_once_get_distinct_ids_and_every_item() {
   for c in "${pids[@]}"; do wait "$c" || fail "a client failed"; done
   cat "$T_TMP"/ids? >"$T_TMP/ids"
   assert_eq "twelve distinct batch ids" "$(grep -c '^batch_' "$T_TMP/ids")/$(sort -u "$T_TMP/ids" | wc -l)" "12/12"
+  # shellcheck disable=SC2016 # eval expands it, each try
   wait_for "every batch to end" 60 eval '[[ $(stats .batches.live) == 0 ]]'
   local bid
   while read -r bid; do
@@ -773,6 +806,115 @@ case_three_clients_making_batches_at_once_get_distinct_ids_and_every_item() {
     assert_eq "$bid completed" "$(body -c '[.status, .request_counts.completed]')" '["completed",5]'
   done <"$T_TMP/ids"
   assert_eq "/stats" "$(stats '.batches | [.created, .completed, .items, .items_succeeded]')" "[12,12,60,60]"
+}
+
+# raw_request BYTES: sends BYTES (printf escapes) over one connection; prints the status code.
+raw_request() {
+  python3 - "${MOCK#http://}" "$1" <<'PY'
+import socket, sys
+host, port = sys.argv[1].split(":")
+s = socket.create_connection((host, int(port)), timeout=30)
+s.sendall(sys.argv[2].encode().decode("unicode_escape").encode("latin-1"))
+s.shutdown(socket.SHUT_WR)
+data = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    data += b
+print(data.split(b" ", 2)[1].decode())
+PY
+}
+
+case_uploads_sent_chunked_or_after_100_continue_are_taken_and_bad_chunks_refused() {
+  start_mock --batch-delay-s 0
+  chat_lines u 3 >"$T_TMP/in.jsonl"
+  local how fid
+  for how in 'Transfer-Encoding: chunked' 'Expect: 100-continue'; do
+    curl -s -m 30 -H "$how" -F purpose=batch -F "file=@$T_TMP/in.jsonl" -o "$T_TMP/body" -w '%{http_code}' "$MOCK$FILES" >"$T_TMP/status"
+    assert_eq "an upload with $how" "$(status)" 200
+    assert_eq "all of it, with $how" "$(body .bytes)" "$(wc -c <"$T_TMP/in.jsonl")"
+    fid=$(body -r .id)
+    curl -s -m 30 -H "$how" -H 'Content-Type: application/json' --data-binary "{\"input_file_id\":\"$fid\",\"endpoint\":\"/v1/chat/completions\",\"completion_window\":\"24h\"}" \
+      -o "$T_TMP/body" -w '%{http_code}' "$MOCK$BATCHES" >"$T_TMP/status"
+    assert_eq "a batch created with $how" "$(status)" 200
+    get "$BATCHES/$(body -r .id)"
+    assert_eq "and answered, with $how" "$(body -c '[.status, .request_counts.completed]')" '["completed",3]'
+  done
+  local bad
+  for bad in 'zz\r\n{}\r\n0\r\n\r\n' '2\r\n{}XX\r\n0\r\n\r\n' '-1\r\n' 'ffffffff\r\n'; do
+    assert_eq "a bad chunked body $bad" "$(raw_request "POST $BATCHES HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n$bad")" 400
+  done
+  assert_eq "a bad Content-Length" "$(raw_request "POST $FILES HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n")" 400
+  assert_eq "an empty upload" "$(raw_request "POST $FILES HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")" 400
+  assert_eq "still serving" "$(curl -s -m 10 "$MOCK/healthz")" ok
+  assert_eq "files kept: two uploads, two outputs" "$(stats .batches.files)" 4
+}
+
+case_refused_batch_requests_get_the_providers_errors_change_nothing_and_then_flow() {
+  start_mock --batch-delay-s 0 --batch-refuse 1
+  chat_lines r 2 >"$T_TMP/in.jsonl"
+  upload "$T_TMP/in.jsonl"
+  assert_eq "the first is refused by the flag" "$(status)" 500
+  assert_eq "OpenAI's server error" "$(body -r .error.type)" server_error
+  assert_eq "no file kept" "$(stats .batches.files)" 0
+  local st fid bid
+  for st in 429 503; do
+    control "{\"batch_refuse\":3,\"batch_refuse_status\":$st}"
+    assert_eq "control answers it" "$(body -c '.batches.settings | [.batch_refuse, .batch_refuse_status]')" "[3,$st]"
+    upload "$T_TMP/in.jsonl"
+    assert_eq "upload refused with $st" "$(status)" "$st"
+    post "$MBATCHES" '{"requests":[{"custom_id":"a","params":{"messages":[{"role":"user","content":"x"}]}}]}'
+    assert_eq "message batch refused with $st" "$(status)" "$st"
+    assert_eq "retry-after on $st" "$(header retry-after)" 1
+    assert_eq "Anthropic's shape for $st" "$(body -c '[.type, .error.type]')" \
+      "[\"error\",\"$([[ $st == 429 ]] && echo rate_limit_error || echo overloaded_error)\"]"
+    get "$BATCHES/batch_nope"
+    assert_eq "GETs refused too ($st), before the lookup" "$(status)" "$st"
+  done
+  assert_eq "nothing was made" "$(stats -c '.batches | [.files, .created, .refused]')" "[0,0,7]"
+  openai_batch "$T_TMP/in.jsonl"
+  bid=$BID
+  control '{"batch_refuse":1}'
+  post "$BATCHES/$bid/cancel" ""
+  assert_eq "a cancel refused (the status set last stays)" "$(status)" 503
+  get "$BATCHES/$bid"
+  assert_eq "then everything flows, the batch untouched" "$(body -c '[.status, .request_counts.completed]')" '["completed",2]'
+  fid=$(body -r .output_file_id)
+  control '{"batch_refuse":1,"batch_refuse_status":500}'
+  get "$FILES/$fid/content"
+  assert_eq "a content download refused" "$(status)" 500
+  get "$FILES/$fid/content"
+  assert_eq "and the next one served" "$(status)/$(wc -l <"$T_TMP/body")" 200/2
+  assert_eq "sync endpoints never refused by it" "$(stats '.answers["/v1/chat/completions"] // {}')" '{}'
+}
+
+case_shuffled_results_hold_every_answer_under_its_custom_id_in_another_order() {
+  start_mock --batch-delay-s 0 --batch-shuffle --batch-fail-rate 0.3 --seed 4
+  chat_lines s 20 >"$T_TMP/in.jsonl"
+  openai_batch "$T_TMP/in.jsonl"
+  get "$BATCHES/$BID"
+  { content "$(body -r .output_file_id)"; content "$(body -r .error_file_id)"; } >"$T_TMP/out.jsonl"
+  assert_eq "every custom_id once" "$(jq -r .custom_id "$T_TMP/out.jsonl" | sort | tr '\n' ' ')" "$(jq -r .custom_id "$T_TMP/in.jsonl" | sort | tr '\n' ' ')"
+  [[ $(jq -r 'select(.error == null and .response.status_code == 200) | .custom_id' "$T_TMP/out.jsonl" | tr '\n' ' ') != \
+     "$(jq -r .custom_id "$T_TMP/in.jsonl" | grep -F -x -f <(jq -r 'select(.response.status_code == 200) | .custom_id' "$T_TMP/out.jsonl") | tr '\n' ' ')" ]] ||
+    fail "the output file kept the input order"
+  # Each answer is the one for its own request.
+  local cid want
+  for cid in $(jq -r 'select(.response.status_code == 200) | .custom_id' "$T_TMP/out.jsonl"); do
+    post "$CHAT" "$(jq -c --arg c "$cid" 'select(.custom_id == $c) | .body' "$T_TMP/in.jsonl")"
+    want=$(jq -cS . "$T_TMP/body")
+    assert_eq "$cid has its own answer" "$(jq -cS --arg c "$cid" 'select(.custom_id == $c) | .response.body' "$T_TMP/out.jsonl")" "$want"
+  done
+  post "$MBATCHES" "$(jq -cn '{requests: [range(1; 21) | {custom_id: "m\(.)", params: {messages: [{role: "user", content: "grade \(.)"}]}}]}')"
+  get "$MBATCHES/$(body -r .id)/results"
+  [[ $(jq -r .custom_id "$T_TMP/body" | tr '\n' ' ') != "$(seq -f 'm%g' 1 20 | tr '\n' ' ')" ]] || fail "the results kept the request order"
+  assert_eq "every result once" "$(jq -r .custom_id "$T_TMP/body" | sort | tr '\n' ' ')" "$(seq -f 'm%g' 1 20 | sort | tr '\n' ' ')"
+  control '{"batch_shuffle":false}'
+  openai_batch "$T_TMP/in.jsonl"
+  get "$BATCHES/$BID"
+  assert_eq "in order again once it is off" "$(content "$(body -r .output_file_id)" | jq -r .custom_id | tr '\n' ' ')" \
+    "$(jq -r .custom_id "$T_TMP/in.jsonl" | grep -F -x -f <(content "$(body -r .output_file_id)" | jq -r .custom_id) | tr '\n' ' ')"
 }
 
 t_run "$@"
