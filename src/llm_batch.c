@@ -15,7 +15,8 @@
 #define DB_TIMEOUT_MS 300000    /* a 50,000-item batch is answered in one statement */
 #define HTTP_TIMEOUT_S 120L
 #define HTTP_MAX_BODY (512u * 1024 * 1024)
-#define SUBMIT_BACKOFF_S 10.0     /* after a failed upload, before the provider is tried again */
+#define SUBMIT_BACKOFF_MIN_S 1.0  /* after a failed upload the provider is tried again after
+                                     --llm-batch-poll, at least this */
 #define OPEN_PER_TICK 20          /* batches one provider may open in one tick */
 
 static const char *const provider_names[LLM_PROVIDERS] = { "openai", "anthropic" };
@@ -443,7 +444,8 @@ static void submit_ready(struct llm_batch *b, int p)
                n, refused ? " (refused: each item spends a try)" : "; tries again", err);
       abandon(b, id, err, refused);
       if (!refused)
-        b->next_submit[p] = mono_now() + SUBMIT_BACKOFF_S;
+        b->next_submit[p] = mono_now() + (b->cfg.opt.poll_s > SUBMIT_BACKOFF_MIN_S
+                                          ? b->cfg.opt.poll_s : SUBMIT_BACKOFF_MIN_S);
       return;
     }
     char s[300];

@@ -527,4 +527,30 @@ case_provider_ids_that_would_escape_the_url_path_are_refused() {
     "$(q "select state from $BT where provider_batch_id = 'batch_ok'")|$(q "select string_agg(distinct state, ',') from $IT")" "open|submitted"
 }
 
+# The provider refuses (429 with Retry-After) the first uploads, and later two polls; its
+# result lines come shuffled. Each refused upload is abandoned without spending a try and
+# sent again after --llm-batch-poll; a refused poll is tried at the next one; every answer
+# still lands on its own task (the results are matched by custom_id, not by order).
+case_refused_uploads_and_polls_are_tried_again_and_shuffled_results_keep_their_items() {
+  lb_setup
+  start_mock --batch-delay-s 2 --batch-refuse 2 --batch-refuse-status 429 --batch-shuffle
+  enqueue_n 6
+  # shellcheck disable=SC2046
+  start_worker A "$AFIX" --concurrency 2 $(batch_flags) --until-empty
+  wait_for "a batch to be open at the provider" 60 q_true "select count(*) = 1 from $BT where state = 'open'"
+  curl -sf "$MOCK/_control" -d '{"batch_refuse": 2}' >/dev/null || fail "control refused"
+  assert_worker_exit A 120 0
+  assert_no_sanitizer_reports
+  assert_eq "tasks (status|attempts)" "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
+  assert_eq "batches (abandoned|ended)" \
+    "$(q "select count(*) filter (where state = 'abandoned') || '|' || count(*) filter (where state = 'ended') from $BT")" "2|1"
+  assert_eq "tries spent on refusals" "$(q "select sum(tries) from $IT")" 0
+  assert_eq "the mock's refusals" "$(mock_stat batches refused)" 4
+  log_has A "not polled (tries again)" || fail "no refused poll was logged"
+  local i
+  for i in 1 2 3 4 5 6; do
+    assert_eq "task $i's answer" "$(q "select result->>'content' from $QT where (payload->>'n')::int = $i")" "$(sync_content "$i")"
+  done
+}
+
 t_run "$@"
