@@ -153,9 +153,20 @@ case_when_the_batcher_dies_another_process_takes_over_and_finishes_its_batch() {
 # goes into a later batch with its cause recorded, and every task is done on its first
 # attempt.
 case_failed_items_go_to_a_later_batch_and_every_task_is_done_with_the_causes_recorded() {
+  failed_items_case openai
+}
+
+# The same in Anthropic's shape (errored results).
+case_failed_anthropic_items_go_to_a_later_batch_and_every_task_is_done() {
+  failed_items_case anthropic
+}
+
+# failed_items_case PROVIDER
+failed_items_case() {
+  local provider=$1
   lb_setup
   start_mock --batch-delay-s 1 --batch-fail-rate 0.5
-  enqueue_n 10 '"tries": 20'
+  enqueue_n 10 "\"tries\": 20, \"provider\": \"$provider\""
   # shellcheck disable=SC2046
   start_worker A "$AFIX" --concurrency 2 $(batch_flags) --until-empty
   assert_worker_exit A 180 0
@@ -169,7 +180,8 @@ case_failed_items_go_to_a_later_batch_and_every_task_is_done_with_the_causes_rec
     "$(q "select bool_and(cardinality(causes) = tries and causes[1] like 'item_failed: %') from $IT where tries > 0")" t
   assert_eq "items failed by the mock = tries spent" "$(mock_stat batches items_failed)" "$(q "select sum(tries) from $IT")"
   assert_eq "answers are still the sync ones (task 1)" \
-    "$(q "select result->>'content' from $QT where (payload->>'n')::int = 1")" "$(sync_content 1)"
+    "$(q "select result->>'content' from $QT where (payload->>'n')::int = 1")" \
+    "$(if [[ $provider == openai ]]; then sync_content 1; else sync_message 1; fi)"
 }
 
 # An item that fails every try (the mock's [mock:500] marker): after its tries the task's
@@ -200,14 +212,26 @@ case_an_item_failing_every_try_retries_its_task_and_then_the_task_is_dead_with_t
 # says so), the others go into a new batch (the mock stops expiring after the first), and
 # every task is done on its first attempt with cause batch_expired recorded on its item.
 case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch() {
+  expired_case openai
+}
+
+# The same in Anthropic's shape (expired results; the fallback calls /v1/messages).
+case_an_expired_anthropic_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch() {
+  expired_case anthropic
+}
+
+# expired_case PROVIDER
+expired_case() {
+  local provider=$1 sync_path=/v1/chat/completions
+  [[ $provider == anthropic ]] && sync_path=/v1/messages
   lb_setup
   start_mock --batch-delay-s 2 --batch-expire --batch-expire-done 0.5
   local i
   for i in 1 2 3 4 5 6 7 8 9 10; do
     if ((i % 2)); then
-      "$LEASH" enqueue "{\"n\": $i, \"fallback_url\": \"$MOCK\"}" >/dev/null
+      "$LEASH" enqueue "{\"n\": $i, \"provider\": \"$provider\", \"fallback_url\": \"$MOCK\"}" >/dev/null
     else
-      "$LEASH" enqueue "{\"n\": $i}" >/dev/null
+      "$LEASH" enqueue "{\"n\": $i, \"provider\": \"$provider\"}" >/dev/null
     fi
   done
   # shellcheck disable=SC2046
@@ -218,7 +242,9 @@ case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch()
   assert_worker_exit A 180 0
   assert_no_sanitizer_reports
   assert_eq "tasks (status|attempts)" "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
-  assert_eq "the first batch" "$(q "select provider_status from $BT order by id limit 1")" expired
+  # Anthropic's batch says only "ended"; its lines say which items expired.
+  assert_eq "the first batch" "$(q "select provider_status from $BT order by id limit 1")" \
+    "$([[ $provider == openai ]] && echo expired || echo ended)"
   local fb rebatched
   fb=$(q "select count(*) from $IT where state = 'fallback'")
   rebatched=$(q "select count(*) from $IT where answer is not null and tries = 1")
@@ -228,7 +254,7 @@ case_an_expired_batch_sends_the_unanswered_to_their_fallback_or_to_a_new_batch()
   assert_eq "fallback items are those that gave one" \
     "$(q "select bool_and(fallback) from $IT where state = 'fallback'")" t
   assert_eq "tasks answered by their fallback" "$(q "select count(*) from $QT where (result->>'fallback')::boolean")" "$fb"
-  assert_eq "the mock's synchronous calls" "$(mock_stat requests /v1/chat/completions)" "$fb"
+  assert_eq "the mock's synchronous calls" "$(mock_stat requests "$sync_path")" "$fb"
   assert_eq "items answered by the mock's expired batch + the new one" \
     "$(q "select count(*) from $IT where answer is not null")" $((10 - fb))
 }
