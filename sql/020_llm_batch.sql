@@ -242,6 +242,8 @@ AS $$
 DECLARE
   r record;
   n int := 0;
+  wake text[] := '{}';
+  w text;
 BEGIN
   UPDATE {{obj:llm_batches}} x SET state = 'abandoned', error = left(p_error, 500),
          ended_at = now()
@@ -261,8 +263,11 @@ BEGIN
   LOOP
     n := n + 1;
     IF r.state = 'failed' THEN
-      PERFORM {{obj:signal}}('llm:' || r.id, NULL, NULL, 86400);
+      wake := wake || ('llm:' || r.id);
     END IF;
+  END LOOP;
+  FOR w IN SELECT x.name FROM unnest(wake) AS x(name) ORDER BY 1 LOOP   -- as llm_batch_end
+    PERFORM {{obj:signal}}(w, NULL, NULL, 86400);
   END LOOP;
   RETURN n;
 END $$;
@@ -321,6 +326,8 @@ DECLARE
   price record;
   cost numeric;
   sync numeric;
+  wake text[] := '{}';
+  w text;
 BEGIN
   SELECT * INTO b FROM {{obj:llm_batches}} x WHERE x.id = p_batch AND x.state = 'open'
      FOR UPDATE;
@@ -391,7 +398,7 @@ BEGIN
         END IF;
       END IF;
       n_done := n_done + 1;
-      PERFORM {{obj:signal}}('llm:' || r.id, NULL, NULL, 86400);
+      wake := wake || ('llm:' || r.id);
       CONTINUE;
     END IF;
     cause := CASE WHEN r.kind IS NULL THEN 'no_result'
@@ -403,14 +410,14 @@ BEGIN
              error = 'batch ' || p_status || ': the fallback answers', updated_at = now()
        WHERE i.id = r.id;
       n_fallback := n_fallback + 1;
-      PERFORM {{obj:signal}}('llm:' || r.id, NULL, NULL, 86400);
+      wake := wake || ('llm:' || r.id);
     ELSIF r.tries + 1 >= r.max_tries THEN
       UPDATE {{obj:llm_items}} i
          SET state = 'failed', tries = i.tries + 1, last_cause = cause,
              causes = i.causes || cause, error = cause, updated_at = now()
        WHERE i.id = r.id;
       n_failed := n_failed + 1;
-      PERFORM {{obj:signal}}('llm:' || r.id, NULL, NULL, 86400);
+      wake := wake || ('llm:' || r.id);
     ELSE
       UPDATE {{obj:llm_items}} i
          SET state = 'pending', batch_id = NULL, tries = i.tries + 1, last_cause = cause,
@@ -418,6 +425,11 @@ BEGIN
        WHERE i.id = r.id;
       n_retry := n_retry + 1;
     END IF;
+  END LOOP;
+  -- The wakes last, in name order: a cycle's settle takes the locks of its events in that
+  -- order too (019's wait_events), so the two cannot deadlock on them.
+  FOR w IN SELECT x.name FROM unnest(wake) AS x(name) ORDER BY 1 LOOP
+    PERFORM {{obj:signal}}(w, NULL, NULL, 86400);
   END LOOP;
   UPDATE {{obj:llm_batches}} x
      SET state = 'ended', provider_status = left(p_status, 100), ended_at = now(),

@@ -511,14 +511,18 @@ case_hostile_result_lines_touch_only_their_batchs_items() {
     "$(q "select ended || '|' || output from ${QT}_llm_batch_status('openai', '{\"status\":\"completed\",\"output_file_id\":\"../x\"}')")" "true|../x"
 }
 
-# start_hostile NAME BATCH_ID [FILE_ID]: tests/fixtures/llm_batch/hostile_provider.py on a
-# free port, killed at exit; sets HOSTILE (its base URL); its requests go to $T_TMP/NAME.req.
+# start_hostile NAME BATCH_ID [FILE_ID [OPTIONS...]]: tests/fixtures/llm_batch/hostile_provider.py
+# on a free port, killed at exit; sets HOSTILE (its base URL); its requests go to
+# $T_TMP/NAME.req.
 start_hostile() {
-  python3 "$LEASH_SRC/tests/fixtures/llm_batch/hostile_provider.py" --batch-id "$2" \
-    ${3:+--file-id "$3"} --log "$T_TMP/$1.req" >"$T_TMP/$1.port" 2>"$T_TMP/$1.err" &
+  local name=$1 bid=$2 fid=${3:-file-out}
+  shift 2
+  (($# == 0)) || shift
+  python3 "$LEASH_SRC/tests/fixtures/llm_batch/hostile_provider.py" --batch-id "$bid" \
+    --file-id "$fid" --log "$T_TMP/$name.req" "$@" >"$T_TMP/$name.port" 2>"$T_TMP/$name.err" &
   t_on_exit t_kill "$!"
-  wait_for "the hostile provider to print its port" 10 grep -q '^PORT [0-9]' "$T_TMP/$1.port"
-  HOSTILE=http://127.0.0.1:$(sed -n '1s/^PORT //p' "$T_TMP/$1.port")
+  wait_for "the hostile provider to print its port" 10 grep -q '^PORT [0-9]' "$T_TMP/$name.port"
+  HOSTILE=http://127.0.0.1:$(sed -n '1s/^PORT //p' "$T_TMP/$name.port")
 }
 
 # A provider whose batch id, or whose output file id, would climb out of the URL path
@@ -577,6 +581,25 @@ case_refused_uploads_and_polls_are_tried_again_and_shuffled_results_keep_their_i
   for i in 1 2 3 4 5 6; do
     assert_eq "task $i's answer" "$(q "select result->>'content' from $QT where (payload->>'n')::int = $i")" "$(sync_content "$i")"
   done
+}
+
+# An upload the provider refuses with a 400 (the request itself is wrong) spends a try of
+# each item: out of tries, the item fails with the provider's refusal as its cause, and its
+# task's leash.llm.batch raises it (dead here, with one attempt).
+case_an_upload_refused_with_400_spends_a_try_and_fails_the_items_out_of_tries() {
+  lb_setup
+  local t
+  t=$("$LEASH" enqueue --max-attempts 1 '{"n": 1, "tries": 1}')
+  start_hostile r batch_x file-out --files-status 400
+  start_worker A "$AFIX" --concurrency 1 --poll-ms 10-50 --llm-batch-age 0 \
+    --llm-batch-url "openai=$HOSTILE" --until-empty
+  assert_worker_exit A 60 0
+  assert_no_sanitizer_reports
+  assert_eq "the task (status|attempts)" "$(q "select status || '|' || attempts from $QT where id = $t")" "dead|1"
+  assert_contains "its error" "$(q "select split_part(last_error, E'\n', 1) from $QT where id = $t")" \
+    "failed after 1 tries: POST /v1/files: HTTP 400"
+  assert_eq "its item (state|tries|cause)" "$(q "select state || '|' || tries || '|' || last_cause from $IT")" "spent|1|upload_refused"
+  assert_eq "requests made" "$(cat "$T_TMP/r.req")" "POST /v1/files"
 }
 
 t_run "$@"
