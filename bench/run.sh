@@ -200,7 +200,7 @@ DB_PREFIX=lb$$
 say() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
 now_us() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((10#$t)); }
 # calc FORMAT EXPR: awk arithmetic, printed with FORMAT.
-calc() { awk "BEGIN { printf \"$1\", $2 }"; }
+calc() { awk "BEGIN { x = ($2); printf \"$1\", x }"; }   # x first: a ">" in printf's list is a redirect (mawk)
 load1() { cut -d' ' -f1 /proc/loadavg; }
 
 q() { psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -c "$1"; }

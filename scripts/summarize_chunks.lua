@@ -4,6 +4,7 @@ Map task payload:    { "doc": "doc-7", "chunk": 3, "text": "…", "chunks": 6,
                        "llm_url": "http://127.0.0.1:8089/v1/chat/completions" }
                      enqueued with shard_key = doc; chunks and llm_url are optional
 Reduce task payload: { "doc": "doc-7", "reduce": true, "chunks": 6 }   (enqueued by a map task)
+Document task payload: { "doc": "doc-7", "texts": ["…", "…"], "llm_url": "…" }   (llm_url optional)
 Writes:  chunk_summaries (doc text, chunk int, summary text, worker text, PRIMARY KEY (doc, chunk))
          doc_summaries   (doc text PRIMARY KEY, summary text NOT NULL, chunks int NOT NULL,
                           updated_at timestamptz NOT NULL DEFAULT now())
@@ -24,7 +25,16 @@ Reduce: concatenates the chunk summaries in chunk order (one per line) into doc_
 (an upsert). It runs after the last map task has finished: it has the same shard key, and
 tasks of one shard never run at the same time.
 
-Outcomes: done (map: {words = n [, reduce_task = id]}, reduce: {chunks = n}); retry on
+Document: the other way to fan in, with a durable wait (README "Waits"). The document's own
+task enqueues one map task per text as its children (inside leash.step("fanout"): a retry
+enqueues none twice), each on a shard of its own so they run side by side, then ends with
+leash.wait{children = true}: it gives back its attempt and its slot and holds no lease while
+the chunks run. When the last child has settled it runs again, skips the fan-out step, and
+reduces the stored chunk summaries into doc_summaries. A child that died makes the document
+fatal (naming how many); a wait past its deadline (an hour) retries once, then is fatal.
+
+Outcomes: done (map: {words = n [, reduce_task = id]}, reduce and document: {chunks = n});
+retry on
 endpoint failures (429 with Retry-After, 5xx, non-JSON answers; lib/llm.lua) and the
 simulated flaky chunk; dead for a bad payload, an endpoint that refuses the request (4xx)
 or a model that still answers without a summary on the 3rd attempt.
@@ -33,6 +43,8 @@ local leash = require "leash"
 local llm = require "lib.llm"
 
 local UNUSABLE_LIMIT = 3
+local DOC_MAX_TEXTS = 10000     -- leash.wait's own bound on the tasks one wait may name
+local DOC_WAIT_S = 3600
 
 local function first_words(text, words)
   local out = {}
@@ -117,24 +129,81 @@ local function map(task, p)
   return leash.ok(result)
 end
 
-local function reduce(p)
-  if p.chunks ~= nil and not is_count(p.chunks) then
-    return leash.fatal("payload.chunks must be an integer >= 1")
-  end
-  local rows = leash.db.query(
-    "SELECT chunk, summary FROM chunk_summaries WHERE doc = $1 ORDER BY chunk", p.doc)
-  if #rows == 0 then return leash.fatal("no chunk summaries stored for " .. p.doc) end
-  if p.chunks and #rows < p.chunks then
-    -- Cannot happen when the map tasks share the doc's shard key; wait for the rest.
-    return leash.retry(("%d of %d chunk summaries stored"):format(#rows, p.chunks), 5)
-  end
+-- The document's summary from its stored chunk summaries, in chunk order (an upsert).
+local function store_summary(doc, rows)
   local parts = {}
   for i, r in ipairs(rows) do parts[i] = r.summary end
   leash.db.query([[INSERT INTO doc_summaries (doc, summary, chunks) VALUES ($1, $2, $3)
                    ON CONFLICT (doc) DO UPDATE
                      SET summary = excluded.summary, chunks = excluded.chunks, updated_at = now()]],
-                 p.doc, table.concat(parts, "\n"), #rows)
+                 doc, table.concat(parts, "\n"), #rows)
   return leash.ok({ chunks = #rows })
+end
+
+local function chunk_rows(doc)
+  return leash.db.query(
+    "SELECT chunk, summary FROM chunk_summaries WHERE doc = $1 ORDER BY chunk", doc)
+end
+
+local function reduce(p)
+  if p.chunks ~= nil and not is_count(p.chunks) then
+    return leash.fatal("payload.chunks must be an integer >= 1")
+  end
+  local rows = chunk_rows(p.doc)
+  if #rows == 0 then return leash.fatal("no chunk summaries stored for " .. p.doc) end
+  if p.chunks and #rows < p.chunks then
+    -- Cannot happen when the map tasks share the doc's shard key; wait for the rest.
+    return leash.retry(("%d of %d chunk summaries stored"):format(#rows, p.chunks), 5)
+  end
+  return store_summary(p.doc, rows)
+end
+
+-- The document's task: its chunks as children, a wait for them, then the reduce.
+local function document(task, p)
+  if type(p.texts) ~= "table" or #p.texts == 0 or #p.texts > DOC_MAX_TEXTS then
+    return leash.fatal("payload.texts must be a list of 1 to " .. DOC_MAX_TEXTS .. " strings")
+  end
+  for i, t in ipairs(p.texts) do
+    if type(t) ~= "string" then return leash.fatal("payload.texts[" .. i .. "] must be a string") end
+  end
+  if p.llm_url ~= nil and type(p.llm_url) ~= "string" then
+    return leash.fatal("payload.llm_url must be a string")
+  end
+  local w = leash.waited()
+  if not w then
+    leash.step("fanout", function()
+      for i, text in ipairs(p.texts) do
+        leash.enqueue{ payload = { doc = p.doc, chunk = i, text = text, llm_url = p.llm_url,
+                                   model = p.model },
+                       shard_key = p.doc .. "#" .. i }
+      end
+      return #p.texts
+    end)
+    return leash.wait{ children = true, deadline = DOC_WAIT_S,
+                       message = ("waiting for %d chunk summaries"):format(#p.texts) }
+  end
+  local done, dead = 0, 0
+  for _, c in ipairs(w.tasks) do
+    if c.status == "done" then done = done + 1 elseif c.status == "dead" then dead = dead + 1 end
+  end
+  if dead > 0 then
+    return leash.fatal(("%d of %d chunks failed; see the document's children"):format(dead, #w.tasks))
+  end
+  if w.expired then
+    -- The hour passed with chunks still running (a retry of the wait): one more look.
+    if task.attempt >= 2 then
+      return leash.fatal(("%d of %d chunks summarised within the wait's deadline twice")
+                         :format(done, #w.tasks))
+    end
+    return leash.wait{ children = true, deadline = DOC_WAIT_S,
+                       message = ("still waiting: %d of %d chunks done"):format(done, #w.tasks) }
+  end
+  local rows = chunk_rows(p.doc)
+  if #rows < #p.texts then
+    return leash.fatal(("%d of %d chunk summaries stored after every chunk settled")
+                       :format(#rows, #p.texts))
+  end
+  return store_summary(p.doc, rows)
 end
 
 return {
@@ -144,6 +213,7 @@ return {
       return leash.fatal("payload.doc must be a non-empty string")
     end
     if p.reduce == true then return reduce(p) end
+    if p.texts ~= nil then return document(task, p) end
     return map(task, p)
   end,
 }

@@ -19,8 +19,9 @@ static const char usage[] =
   "usage: leash dashboard [--listen HOST:PORT] [--token-file FILE]\n\n"
   "Serves a web dashboard of the queue table, read from the database on every request:\n"
   "batches with progress (done, dead, leased, pending), settles per minute over the last\n"
-  "hour, durations, dead reasons with example tasks and each task's page, workers and the\n"
-  "tasks they run, holds and budgets; the same as JSON under /api/. Actions (requeue,\n"
+  "hour, durations, the batch against the previous one, dead reasons with example tasks\n"
+  "and each task's page with its attempt history, workers and the tasks they run, holds,\n"
+  "budgets and canaries; the same as JSON under /api/. Actions (requeue,\n"
   "cancel, pause, resume) need the token, always: without --token-file they are off.\n"
   "Runs until SIGINT or SIGTERM.\n\n"
   "options:\n"
@@ -132,4 +133,62 @@ out_token:
     free(token);
   }
   return rc;
+}
+
+struct dashboard_side {
+  PGconn *c;
+  struct db_table t;
+  struct dashboard *d;
+};
+
+struct dashboard_side *dashboard_side_start(const char *addr, const char *conninfo,
+                                            const char *table, char *err, size_t errlen)
+{
+  char why[DB_ERR_MAX];
+  int loop = dashboard_addr_is_loopback(addr, why, sizeof why);
+  if (loop < 0) {
+    snprintf(err, errlen, "--dashboard: %s", why);
+    return NULL;
+  }
+  if (!loop) {
+    snprintf(err, errlen, "--dashboard %s is not a loopback address: the worker's dashboard "
+                          "has no token (use leash dashboard --token-file for that)", addr);
+    return NULL;
+  }
+  struct dashboard_side *s = calloc(1, sizeof *s);
+  if (!s) {
+    snprintf(err, errlen, "--dashboard: out of memory");
+    return NULL;
+  }
+  if (!(s->c = db_connect(conninfo, "dashboard", 0, why, sizeof why)) ||
+      db_table_init(&s->t, s->c, table, why, sizeof why) != 0) {
+    snprintf(err, errlen, "--dashboard: %s", why);
+    PQfinish(s->c);
+    free(s);
+    return NULL;
+  }
+  /* Every signal blocked while MHD's thread starts (it inherits the mask), then the mask
+     as it was: the worker's own signal thread takes them. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  s->d = dashboard_start(addr, NULL, s->c, &s->t, why, sizeof why);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!s->d) {
+    snprintf(err, errlen, "--dashboard: %s", why);
+    dashboard_side_stop(s);
+    return NULL;
+  }
+  log_info("dashboard: serving http://%s/ (read-only)", addr);
+  return s;
+}
+
+void dashboard_side_stop(struct dashboard_side *s)
+{
+  if (!s)
+    return;
+  dashboard_stop(s->d);
+  db_table_free(&s->t);
+  PQfinish(s->c);
+  free(s);
 }

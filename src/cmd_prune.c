@@ -31,7 +31,8 @@ static const char cutoff_sql[] =
 /* One chunk: %s twice (the table). $1 the last id seen, $2 statuses (text[]), $3 cutoff,
    $4 tenant, $5 batch, $6 chunk size. Ids upwards through the primary key, so a chunk starts
    where the last one stopped instead of rescanning the rows it deleted. Steps go with their
-   task (ON DELETE CASCADE), and so do its attempts (sql/016), in the same chunk. */
+   task (ON DELETE CASCADE), and so do its attempts (sql/020's statement trigger), in the same
+   chunk. */
 static const char chunk_fmt[] =
   "WITH c AS ("
   "  SELECT id FROM %s"

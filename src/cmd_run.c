@@ -1,6 +1,7 @@
 /* leash run / leash check: options, then the host (host.c) or a load test of the script. */
 #include "buf.h"
 #include "commands.h"
+#include "dashboard.h"
 #include "host.h"
 #include "lifecycle.h"
 #include "log.h"
@@ -49,6 +50,8 @@ static const char run_usage[] =
   "  --metrics HOST:PORT   serve /metrics (Prometheus), /livez, /healthz and /readyz;\n"
   "                        HOST a name, an IPv4 address, [IPv6] or empty for every\n"
   "                        interface, PORT 1-65535\n"
+  "  --dashboard HOST:PORT  serve leash dashboard's pages from this process, read-only\n"
+  "                        (no actions), on a loopback address only\n"
   "  --budget-wait S       the longest a slot waits for a budget grant (paused or full)\n"
   "                        before the task gives its slot back and runs again after the\n"
   "                        wait, spending no attempt (default 30s; 0 = never wait)\n"
@@ -102,7 +105,7 @@ static const char check_usage[] =
 enum {
   OPT_CONCURRENCY = OPT_COMMAND_BASE, OPT_VISIBILITY, OPT_HEARTBEAT, OPT_TENANT, OPT_BATCH,
   OPT_WORKER_ID, OPT_POLL_MS, OPT_TASK_TIMEOUT, OPT_DRAIN_TIMEOUT, OPT_UNTIL_EMPTY,
-  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
+  OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_DASHBOARD, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
   OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL, OPT_BACKOFF_BASE,
   OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER, OPT_RECORD, OPT_RECORD_MAX, OPT_RECORD_REDACT,
   OPT_LLM_BATCH_URL, OPT_LLM_BATCH_MAX, OPT_LLM_BATCH_AGE, OPT_LLM_BATCH_POLL, OPT_LLM_BATCH_OFF,
@@ -139,6 +142,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "lua-memory", required_argument, NULL, OPT_LUA_MEMORY },
     { "lua-path", required_argument, NULL, OPT_LUA_PATH },
     { "metrics", required_argument, NULL, OPT_METRICS },
+    { "dashboard", required_argument, NULL, OPT_DASHBOARD },
     { "max-result-bytes", required_argument, NULL, OPT_MAX_RESULT_BYTES },
     { "budget-wait", required_argument, NULL, OPT_BUDGET_WAIT },
     { "env-allow", required_argument, NULL, OPT_ENV_ALLOW },
@@ -165,6 +169,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     .llm_batch = LLM_BATCH_DEFAULTS,
   };
   const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
+  const char *dashboard_addr = NULL;
   int ntenants = 0, opt, rc;
   long n;
   char worker[300];
@@ -256,6 +261,17 @@ int cmd_run(struct cli *g, int argc, char **argv)
       if (cli_check_listen_addr(optarg, err, sizeof err) != 0)
         return cli_usage_error(g, "--metrics: %s", err);
       cfg.metrics_addr = optarg;
+      break;
+    }
+    case OPT_DASHBOARD: {
+      char err[300];
+      if (cli_check_listen_addr(optarg, err, sizeof err) != 0)
+        return cli_usage_error(g, "--dashboard: %s", err);
+      if (dashboard_addr_is_loopback(optarg, err, sizeof err) != 1)
+        return cli_data_error(g, "--dashboard %s is not a loopback address: the worker's "
+                                 "dashboard has no token (leash dashboard --token-file has)",
+                              optarg);
+      dashboard_addr = optarg;
       break;
     }
     case OPT_BATCH:
@@ -379,7 +395,16 @@ int cmd_run(struct cli *g, int argc, char **argv)
   cfg.table = g->table;
   srand((unsigned)getpid() ^ (unsigned)(task_now() * 1e6));
   warn_env();
+  struct dashboard_side *dash = NULL;
+  if (dashboard_addr) {
+    char err[DB_ERR_MAX + 64];
+    if (!(dash = dashboard_side_start(dashboard_addr, cfg.conninfo, cfg.table, err, sizeof err))) {
+      free(tenant_list);
+      return cli_runtime_error(g, "%s", err);
+    }
+  }
   rc = host_run(&cfg);
+  dashboard_side_stop(dash);
   free(tenant_list);
   return rc;
 }

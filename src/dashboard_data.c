@@ -2,6 +2,7 @@
 #include "dashboard_data.h"
 #include "cli.h"
 #include "lifecycle.h"
+#include "log.h"
 #include "queue.h"
 #include "report.h"
 
@@ -13,11 +14,16 @@
 
 #define DASH_REQUEUE_CHUNK 5000   /* as leash requeue --dead */
 #define DASH_PAUSE_MAX_S (365.0 * 86400)
+#define DASH_CHECK_MARGIN "5 seconds"
+#define DASH_MAX_CANARIES 5
 
 /* The batches worth showing: those with open rows, found by a skip scan of batch_open_idx
-   (one probe per batch, however many rows are open), those among the newest 10,000 rows
-   (the primary key, backwards), and $1 when asked for; each counted through batch_idx (the
-   cost of leash status --batch, per batch listed). Newest first. %1$s: the table. */
+   (one probe per batch, however many rows are open), the newest DASH_MAX_BATCHES by their
+   last id in <table>_batch_totals (sql/021: a row per batch and inserting backend, kept by
+   the INSERT and DELETE triggers), and $1 when asked for. Each with its total and whether it
+   has open rows (one probe of batch_open_idx). No pass over any batch's rows here: a
+   finished batch's counts come from its kept report, an open one's from a count of its rows
+   (open_counts_fmt). Newest first. %1$s: the table, %2$d the limit, %3$s batch_totals. */
 static const char batches_fmt[] =
   "WITH RECURSIVE open(batch) AS ("
   "  (SELECT batch FROM %1$s WHERE status IN (" SQL_PENDING ", " SQL_LEASED ")"
@@ -26,22 +32,88 @@ static const char batches_fmt[] =
   "  SELECT (SELECT q.batch FROM %1$s q WHERE q.status IN (" SQL_PENDING ", " SQL_LEASED ")"
   "             AND q.batch IS NOT NULL AND q.batch > o.batch ORDER BY q.batch LIMIT 1)"
   "    FROM open o WHERE o.batch IS NOT NULL),"
-  "     recent AS (SELECT batch FROM (SELECT batch, id FROM %1$s ORDER BY id DESC LIMIT 10000) r"
-  "                 WHERE batch IS NOT NULL GROUP BY batch ORDER BY max(id) DESC LIMIT %2$d),"
+  "     tot AS (SELECT batch, sum(total)::bigint AS total, max(last_id) AS last_id"
+  "               FROM %3$s GROUP BY batch),"
   "     pick AS (SELECT batch FROM (SELECT batch FROM open WHERE batch IS NOT NULL LIMIT %2$d) o"
-  "              UNION SELECT batch FROM recent"
+  "              UNION SELECT batch FROM (SELECT batch FROM tot ORDER BY last_id DESC"
+  "                                        LIMIT %2$d) n"
   "              UNION SELECT $1::text WHERE $1::text IS NOT NULL)"
-  "SELECT coalesce(json_agg(json_build_object('batch', p.batch, 'total', k.total,"
-  "         'pending', k.pending, 'leased', k.leased, 'done', k.done, 'dead', k.dead)"
-  "         ORDER BY k.last_id DESC NULLS LAST), '[]')::text"
+  "SELECT coalesce(json_agg(json_build_object('batch', p.batch, 'total', coalesce(t.total, 0),"
+  "         'open', EXISTS (SELECT 1 FROM %1$s q WHERE q.batch = p.batch"
+  "                          AND q.status IN (" SQL_PENDING ", " SQL_LEASED ")))"
+  "         ORDER BY t.last_id DESC NULLS LAST, p.batch), '[]')::text"
   "  FROM (SELECT batch FROM pick ORDER BY batch = $1::text DESC NULLS LAST, batch"
-  "         LIMIT %2$d + 1) p"
-  " CROSS JOIN LATERAL (SELECT count(*) AS total,"
-  "         count(*) FILTER (WHERE q.status = " SQL_PENDING ") AS pending,"
-  "         count(*) FILTER (WHERE q.status = " SQL_LEASED ") AS leased,"
-  "         count(*) FILTER (WHERE q.status = " SQL_DONE ") AS done,"
-  "         count(*) FILTER (WHERE q.status = " SQL_DEAD ") AS dead, max(q.id) AS last_id"
-  "    FROM %1$s q WHERE q.batch = p.batch) k";
+  "         LIMIT 2 * %2$d + 1) p LEFT JOIN tot t USING (batch)";
+
+/* An open batch's counts: a pass over its rows through batch_idx (the cost of leash status
+   --batch; an open batch is tonight's, and there are few). %s: the table. */
+static const char open_counts_fmt[] =
+  "SELECT json_build_object('total', count(*),"
+  "         'pending', count(*) FILTER (WHERE status = " SQL_PENDING "),"
+  "         'leased', count(*) FILTER (WHERE status = " SQL_LEASED "),"
+  "         'done', count(*) FILTER (WHERE status = " SQL_DONE "),"
+  "         'dead', count(*) FILTER (WHERE status = " SQL_DEAD "))::text"
+  "  FROM %s WHERE batch = $1::text";
+
+/* A finished batch's kept report (sql/021), when it still holds: no open row, the same
+   total, and no attempt of an id in the batch's range ended after it was last checked (read
+   through attempts_finished_idx: the attempts since the last look). A report that holds is
+   checked again from now - DASH_CHECK_MARGIN (an attempt's finished_at is its
+   transaction's start, and a settle that began before this look may commit after it; a
+   settle is one statement, the cycle, so its transaction is milliseconds old when it
+   commits: 5 s is ample). So a batch finished in the last 5 s is counted afresh.
+   Columns: the report or NULL, open. %1$s table, %2$s batch_totals, %3$s batch_reports,
+   %4$s attempts. $1 the batch. */
+static const char kept_fmt[] =
+  "WITH tot AS (SELECT sum(total)::bigint AS total, min(first_id) AS lo, max(last_id) AS hi"
+  "               FROM %2$s WHERE batch = $1::text),"
+  "     o AS (SELECT EXISTS (SELECT 1 FROM %1$s q WHERE q.batch = $1::text"
+  "                           AND q.status IN (" SQL_PENDING ", " SQL_LEASED ")) AS open),"
+  "     v AS (SELECT r.report FROM %3$s r, tot, o"
+  "            WHERE r.batch = $1::text AND NOT o.open AND r.total = tot.total"
+  "              AND r.checked_at > now() - interval '6 hours'"
+  "              AND NOT EXISTS (SELECT 1 FROM %4$s a WHERE a.finished_at > r.checked_at"
+  "                                AND a.task_id BETWEEN tot.lo AND tot.hi)),"
+  "     u AS (UPDATE %3$s r SET checked_at = now() - interval '" DASH_CHECK_MARGIN "'"
+  "            WHERE r.batch = $1::text AND EXISTS (SELECT 1 FROM v)"
+  "              AND r.checked_at < now() - interval '" DASH_CHECK_MARGIN "')"
+  "SELECT (SELECT report::text FROM v), o.open FROM o";
+
+/* Keeps a finished batch's report: $1 batch, $2 total, $3 the report. %s batch_reports. */
+static const char keep_fmt[] =
+  "INSERT INTO %s AS r (batch, total, report, computed_at, checked_at)"
+  " VALUES ($1::text, $2::bigint, $3::jsonb, now(), now() - interval '" DASH_CHECK_MARGIN "')"
+  " ON CONFLICT (batch) DO UPDATE SET total = excluded.total, report = excluded.report,"
+  "   computed_at = excluded.computed_at, checked_at = excluded.checked_at";
+
+/* The batch to compare $1 with ("tonight against last night"): the latest batch enqueued
+   before it (by first id) whose name is the same once every run of digits is read as one
+   (night-2026-12-01 and night-2026-11-30), else the latest before it whatever its name (the
+   previous run). Columns: batch, how ('name' or 'previous'). %s batch_totals. */
+static const char previous_fmt[] =
+  "WITH tot AS (SELECT batch, min(first_id) AS first_id FROM %s GROUP BY batch),"
+  "     me AS (SELECT first_id, regexp_replace(batch, '[0-9]+', '#', 'g') AS shape"
+  "              FROM tot WHERE batch = $1::text)"
+  "SELECT b, how FROM ("
+  "  (SELECT t.batch AS b, 'name' AS how, 0 AS o FROM tot t, me"
+  "    WHERE t.first_id < me.first_id AND regexp_replace(t.batch, '[0-9]+', '#', 'g') = me.shape"
+  "    ORDER BY t.first_id DESC LIMIT 1)"
+  "  UNION ALL"
+  "  (SELECT t.batch, 'previous', 1 FROM tot t, me WHERE t.first_id < me.first_id"
+  "    ORDER BY t.first_id DESC LIMIT 1)) x ORDER BY o LIMIT 1";
+
+/* The latest canaries (sql/018), running first: the numbers of a running one as leash
+   canary status computes them (its attempts since it started), a decided one's as decided.
+   %1$s canaries, %2$s canary_numbers. */
+static const char canaries_fmt[] =
+  "SELECT coalesce(json_agg(json_build_object('id', c.id, 'state', c.state,"
+  "         'version', left(c.version, 12), 'label', c.label, 'script_name', c.script_name,"
+  "         'share', c.share, 'min_tasks', c.min_tasks, 'started_at', c.started_at,"
+  "         'decided_at', c.decided_at, 'decided_by', c.decided_by,"
+  "         'given_back', c.given_back,"
+  "         'numbers', CASE WHEN c.state = 'running' THEN %2$s(c.id) ELSE c.decision END)"
+  "         ORDER BY c.state = 'running' DESC, c.id DESC), '[]')::text"
+  "  FROM (SELECT * FROM %1$s ORDER BY state = 'running' DESC, id DESC LIMIT %3$d) c";
 
 /* A batch's settles per minute over the last hour, by each row's last settle (finished_at):
    done, dead, and retried (pending again after a settle: waiting for its retry or snooze).
@@ -88,18 +160,47 @@ static const char budgets_fmt[] =
   "           count(*) FILTER (WHERE NOT c.released AND c.hold_until > now()) AS active"
   "      FROM %s c WHERE c.budget = b.name) w ON true";
 
-/* One task: the row, its steps (results cut at 2,000 bytes), and its attempt history when a
-   table for it exists ($2, probed with to_regclass: a later migration adds it). %s: the
-   steps table, then the queue. */
+/* One task: the row, its steps (results cut at 2,000 bytes), and its attempt history
+   (sql/016: one row per execution, the newest 200, oldest first; errors cut at 2,000
+   bytes; run_s from handle's start to the end, never below 0, as leash inspect). %1$s: the
+   steps table, %2$s the queue, %3$s the attempts. */
 static const char task_fmt[] =
   "SELECT json_build_object('task', row_to_json(q),"
   "  'steps', (SELECT coalesce(json_agg(json_build_object('name', s.name, 'attempt', s.attempt,"
   "              'created_at', s.created_at, 'result', left(s.result::text, 2000))"
   "              ORDER BY s.created_at, s.name), '[]')"
-  "              FROM (SELECT * FROM %s WHERE task_id = q.id ORDER BY created_at, name"
+  "              FROM (SELECT * FROM %1$s WHERE task_id = q.id ORDER BY created_at, name"
   "                     LIMIT 200) s),"
-  "  'history_table', to_regclass($2::text)::text)::text"
-  "  FROM %s q WHERE q.id = $1::bigint";
+  "  'attempts', (SELECT coalesce(json_agg(json_build_object('attempt', a.attempt,"
+  "              'lease_token', a.lease_token, 'worker', a.worker,"
+  "              'version', left(a.version, 12), 'label', a.label, 'kind', a.kind,"
+  "              'cause', a.cause, 'status', a.status, 'error', left(a.error, 2000),"
+  "              'crashed', a.crashed, 'queue_wait_s', round(a.queue_wait_s::numeric, 3),"
+  "              'claimed_at', a.claimed_at, 'finished_at', a.finished_at,"
+  "              'run_s', round(greatest(extract(epoch FROM a.finished_at - a.run_started_at),"
+  "                                      0)::numeric, 3))"
+  "              ORDER BY a.finished_at, a.lease_token), '[]')"
+  "              FROM (SELECT * FROM %3$s WHERE task_id = q.id"
+  "                     ORDER BY finished_at DESC, lease_token DESC LIMIT 200) a),"
+  "  'attempts_total', (SELECT count(*) FROM %3$s WHERE task_id = q.id))::text"
+  "  FROM %2$s q WHERE q.id = $1::bigint";
+
+/* malloc'd printf (positional arguments allowed); NULL when out of memory. */
+static char *sqlf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *sqlf(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+  if (s) {
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
 
 /* Runs sql (one row, one JSON text column) and parses it; NULL with err. */
 static json_t *json_query(PGconn *c, const char *sql, int n, const char *const *p, char *err,
@@ -159,91 +260,251 @@ static json_t *batch_report(PGconn *c, const struct db_table *t, const char *bat
   return j;
 }
 
+/* The names of the tables and functions the overview reads (db_table_object). */
+struct names {
+  char *totals, *reports, *attempts, *canaries, *numbers, *holds, *budgets, *calls;
+};
+
+static void names_free(struct names *n)
+{
+  free(n->totals), free(n->reports), free(n->attempts), free(n->canaries);
+  free(n->numbers), free(n->holds), free(n->budgets), free(n->calls);
+}
+
+static int names_get(PGconn *c, const struct db_table *t, struct names *n)
+{
+  n->totals = db_table_object(t, c, "batch_totals", 1);
+  n->reports = db_table_object(t, c, "batch_reports", 1);
+  n->attempts = db_table_object(t, c, "attempts", 1);
+  n->canaries = db_table_object(t, c, "canaries", 1);
+  n->numbers = db_table_object(t, c, "canary_numbers", 1);
+  n->holds = db_table_object(t, c, "holds", 1);
+  n->budgets = db_table_object(t, c, "budgets", 1);
+  n->calls = db_table_object(t, c, "budget_calls", 1);
+  return n->totals && n->reports && n->attempts && n->canaries && n->numbers && n->holds &&
+         n->budgets && n->calls ? 0 : -1;
+}
+
+/* One statement of one JSON value, from a malloc'd SQL text (freed here). */
+static json_t *json_sql(PGconn *c, char *sql, int n, const char *const *p, char *err,
+                        size_t errlen)
+{
+  if (!sql) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  json_t *j = json_query(c, sql, n, p, err, errlen);
+  free(sql);
+  return j;
+}
+
+/* A batch's report: the kept one while it holds (kept_fmt); else, for a finished batch,
+   computed now and kept; for an open one computed now when full is set, else NULL with
+   *open set and no error (the caller counts its rows instead). *kept: it was the kept one.
+   NULL with err on a failure. */
+static json_t *batch_report_kept(PGconn *c, const struct db_table *t, const struct names *nm,
+                                 const char *batch, int full, int *open, int *kept, char *err,
+                                 size_t errlen)
+{
+  *open = 0, *kept = 0;
+  err[0] = '\0';
+  char *sql = sqlf(kept_fmt, t->qualified, nm->totals, nm->reports, nm->attempts);
+  if (!sql) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  const char *p[] = { batch };
+  PGresult *r = db_exec(c, sql, 1, p, err, errlen);
+  free(sql);
+  if (!r)
+    return NULL;
+  json_t *rep = NULL;
+  if (!PQgetisnull(r, 0, 0)) {
+    json_error_t je;
+    if (!(rep = json_loads(PQgetvalue(r, 0, 0), 0, &je)))
+      snprintf(err, errlen, "cannot read a kept report: %s", je.text);
+    *kept = rep != NULL;
+  }
+  *open = strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+  PQclear(r);
+  if (rep || err[0] || (*open && !full))
+    return rep;
+  if (!(rep = batch_report(c, t, batch, err, errlen)))
+    return NULL;
+  /* Kept only when it is a finished batch's (it may have opened since the probe), and one
+     with rows: a GET of any ?batch= name must not add rows to the table. */
+  if (json_is_true(json_object_get(rep, "settled")) && !*open &&
+      json_integer_value(json_object_get(rep, "total")) > 0) {
+    char total[32], *text = json_dumps(rep, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    char *keep = text ? sqlf(keep_fmt, nm->reports) : NULL;
+    snprintf(total, sizeof total, "%lld",
+             (long long)json_integer_value(json_object_get(rep, "total")));
+    const char *kp[] = { batch, total, text };
+    PGresult *k = keep ? db_exec(c, keep, 3, kp, err, errlen) : NULL;
+    /* Not kept is only slower next time: the report itself is right. */
+    if (!k)
+      log_warn("dashboard: a finished batch's report not kept: %s", keep ? err : "out of memory");
+    PQclear(k);
+    free(keep);
+    free(text);
+    err[0] = '\0';
+  }
+  return rep;
+}
+
+/* A list entry's counts, from a report's. */
+static void counts_from_report(json_t *b, json_t *rep)
+{
+  json_t *k = json_object_get(rep, "counts");
+  static const char *const keys[] = { "pending", "leased", "done", "dead" };
+  json_object_set(b, "total", json_object_get(rep, "total"));
+  for (size_t i = 0; i < 4; i++)
+    json_object_set(b, keys[i], json_object_get(k, keys[i]));
+}
+
+/* The batch shown, compared: the previous batch of its name's shape or the previous run
+   (previous_fmt), with its report's figures. json null when there is none. */
+static json_t *previous_batch(PGconn *c, const struct db_table *t, const struct names *nm,
+                              const char *shown, char *err, size_t errlen)
+{
+  char *sql = sqlf(previous_fmt, nm->totals);
+  if (!sql) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  const char *p[] = { shown };
+  PGresult *r = db_exec(c, sql, 1, p, err, errlen);
+  free(sql);
+  if (!r)
+    return NULL;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    return json_null();
+  }
+  json_t *o = json_pack("{s:s,s:s}", "batch", PQgetvalue(r, 0, 0), "how", PQgetvalue(r, 0, 1));
+  PQclear(r);
+  int open, kept;
+  json_t *rep = o ? batch_report_kept(c, t, nm, json_string_value(json_object_get(o, "batch")),
+                                      1, &open, &kept, err, errlen)
+                  : NULL;
+  if (!rep) {
+    json_decref(o);
+    return NULL;
+  }
+  static const char *const keys[] = { "total", "counts", "wall_s", "duration_s",
+                                      "first_claim_at", "last_finish_at", "settled" };
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    json_object_set(o, keys[i], json_object_get(rep, keys[i]));
+  json_decref(rep);
+  return o;
+}
+
 char *dash_overview_json(PGconn *c, const struct db_table *t, const char *batch, char *err,
                          size_t errlen)
 {
-  json_t *o = json_object(), *batches = NULL;
-  char *holds = db_table_object(t, c, "holds", 1);
-  char *budgets = db_table_object(t, c, "budgets", 1);
-  char *calls = db_table_object(t, c, "budget_calls", 1);
-  char *sql = NULL, *out = NULL;
-  if (!o || !holds || !budgets || !calls) {
+  struct names nm = { 0 };
+  json_t *o = json_object(), *batches = NULL, *report = NULL, *s;
+  char *out = NULL;
+  if (!o || names_get(c, t, &nm) != 0) {
     snprintf(err, errlen, "out of memory");
     goto done;
   }
-  size_t n = sizeof batches_fmt + 5 * strlen(t->qualified) + 64;
-  if (!(sql = malloc(n))) {
-    snprintf(err, errlen, "out of memory");
-    goto done;
-  }
-  snprintf(sql, n, batches_fmt, t->qualified, DASH_MAX_BATCHES);
   const char *p1[] = { batch };
-  if (!(batches = json_query(c, sql, 1, p1, err, errlen)))
+  if (!(batches = json_sql(c, sqlf(batches_fmt, t->qualified, DASH_MAX_BATCHES, nm.totals), 1,
+                           p1, err, errlen)))
     goto done;
   /* The batch shown: the one asked for, else the first with open rows, else the newest. */
   const char *shown = batch;
   size_t i;
   json_t *b;
   json_array_foreach(batches, i, b) {
-    if (shown)
-      break;
-    if (json_integer_value(json_object_get(b, "pending")) +
-          json_integer_value(json_object_get(b, "leased")) > 0)
+    if (!shown && json_is_true(json_object_get(b, "open")))
       shown = json_string_value(json_object_get(b, "batch"));
   }
   if (!shown && json_array_size(batches) > 0)
     shown = json_string_value(json_object_get(json_array_get(batches, 0), "batch"));
   json_object_set_new(o, "selected", shown ? json_string(shown) : json_null());
-  json_t *report = json_null(), *minutes = json_null();
+  json_t *minutes = json_null(), *previous = json_null();
+  int open = 0, kept = 0;
   if (shown) {
-    if (!(report = batch_report(c, t, shown, err, errlen)))
-      goto done_batches;
-    free(sql);
-    n = sizeof minutes_fmt + strlen(t->qualified);
-    if (!(sql = malloc(n))) {
-      json_decref(report);
-      snprintf(err, errlen, "out of memory");
-      goto done_batches;
+    if (!(report = batch_report_kept(c, t, &nm, shown, 1, &open, &kept, err, errlen)))
+      goto done;
+    json_object_set_new(report, "kept", json_boolean(kept));
+    /* Settles of the last hour: none when the batch has been finished for longer. */
+    const char *last = json_string_value(json_object_get(report, "last_finish_at"));
+    int recent = open || !last;
+    if (!recent) {
+      const char *p[] = { last };
+      PGresult *r = db_exec(c, "SELECT $1::timestamptz > now() - interval '1 hour'", 1, p,
+                            err, errlen);
+      if (!r)
+        goto done;
+      recent = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+      PQclear(r);
     }
-    snprintf(sql, n, minutes_fmt, t->qualified);
     const char *p[] = { shown };
-    if (!(minutes = json_query(c, sql, 1, p, err, errlen))) {
-      json_decref(report);
-      goto done_batches;
+    if (recent) {
+      if (!(minutes = json_sql(c, sqlf(minutes_fmt, t->qualified), 1, p, err, errlen)))
+        goto done;
+    } else if (!(minutes = json_pack("{s:I,s:[]}", "now", (json_int_t)0, "rows"))) {
+      goto oom;
     }
+    json_object_set_new(o, "minutes", minutes);
+    if (!(previous = previous_batch(c, t, &nm, shown, err, errlen)))
+      goto done;
+  } else {
+    json_object_set_new(o, "minutes", minutes);
   }
-  json_object_set_new(o, "report", report);
-  json_object_set_new(o, "minutes", minutes);
+  json_object_set(o, "report", report ? report : json_null());
+  json_object_set_new(o, "previous", previous);
+  /* Each listed batch's counts: the shown one's report, a kept report, or (open) a count. */
+  json_array_foreach(batches, i, b) {
+    const char *name = json_string_value(json_object_get(b, "batch"));
+    int bo, bk;
+    json_t *rep = NULL;
+    if (shown && report && strcmp(name, shown) == 0) {
+      counts_from_report(b, report);
+      json_object_set_new(b, "kept", json_boolean(kept));
+      continue;
+    }
+    if (!(rep = batch_report_kept(c, t, &nm, name, 0, &bo, &bk, err, errlen)) && err[0])
+      goto done;
+    if (rep) {
+      counts_from_report(b, rep);
+      json_decref(rep);
+    } else {
+      const char *p[] = { name };
+      json_t *k = json_sql(c, sqlf(open_counts_fmt, t->qualified), 1, p, err, errlen);
+      if (!k)
+        goto done;
+      json_object_update(b, k);
+      json_decref(k);
+    }
+    json_object_set_new(b, "kept", json_boolean(bk));
+  }
   json_object_set(o, "batches", batches);
-  json_t *s;
-  free(sql);
-  n = sizeof workers_fmt + strlen(t->qualified) + 16;
-  if (!(sql = malloc(n)))
-    goto oom;
-  snprintf(sql, n, workers_fmt, DASH_WORKER_IDS, t->qualified);
-  if (!(s = json_query(c, sql, 0, NULL, err, errlen)))
-    goto done_batches;
+  if (!(s = json_sql(c, sqlf(workers_fmt, DASH_WORKER_IDS, t->qualified), 0, NULL, err, errlen)))
+    goto done;
   json_object_set_new(o, "workers", s);
-  if (!(s = section(c, holds_fmt, holds, NULL, err, errlen)))
-    goto done_batches;
+  if (!(s = section(c, holds_fmt, nm.holds, NULL, err, errlen)))
+    goto done;
   json_object_set_new(o, "holds", s);
-  if (!(s = section(c, budgets_fmt, budgets, calls, err, errlen)))
-    goto done_batches;
+  if (!(s = section(c, budgets_fmt, nm.budgets, nm.calls, err, errlen)))
+    goto done;
   json_object_set_new(o, "budgets", s);
-  out = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
-  if (!out)
-    goto oom;
-  goto done_batches;
+  if (!(s = json_sql(c, sqlf(canaries_fmt, nm.canaries, nm.numbers, DASH_MAX_CANARIES), 0,
+                     NULL, err, errlen)))
+    goto done;
+  json_object_set_new(o, "canaries", s);
+  if ((out = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9))))
+    goto done;
 oom:
   snprintf(err, errlen, "out of memory");
-done_batches:
-  json_decref(batches);
 done:
+  json_decref(report);
+  json_decref(batches);
   json_decref(o);
-  free(sql);
-  free(holds);
-  free(budgets);
-  free(calls);
+  names_free(&nm);
   return out;
 }
 
@@ -253,17 +514,15 @@ char *dash_task_json(PGconn *c, const struct db_table *t, long long id, int *mis
   *missing = 0;
   char *steps = db_table_object(t, c, "steps", 1);
   char *hist = db_table_object(t, c, "attempts", 1);
-  char *out = NULL, *sql = NULL;
-  size_t n = sizeof task_fmt + (steps ? strlen(steps) : 0) + strlen(t->qualified);
-  if (!steps || !hist || !(sql = malloc(n))) {
+  char *out = NULL, *sql = steps && hist ? sqlf(task_fmt, steps, t->qualified, hist) : NULL;
+  if (!sql) {
     snprintf(err, errlen, "out of memory");
     goto done;
   }
-  snprintf(sql, n, task_fmt, steps, t->qualified);
   char ids[32];
   snprintf(ids, sizeof ids, "%lld", id);
-  const char *p[] = { ids, hist };
-  PGresult *r = db_exec(c, sql, 2, p, err, errlen);
+  const char *p[] = { ids };
+  PGresult *r = db_exec(c, sql, 1, p, err, errlen);
   if (!r)
     goto done;
   if (PQntuples(r) == 0) {

@@ -1,10 +1,12 @@
 /*
  * dashboard_data: the dashboard's reads and actions, each one JSON text built by SQL.
- * Reads stay cheap on a table of millions of rows: the batch list skip-scans
- * batch_open_idx (one probe per open batch) and reads the newest 10,000 ids of the primary
- * key; a batch's numbers (report.c's report, and its per-minute outcomes) read that batch's
- * rows through batch_idx, the cost of `leash status --batch`; workers read leased rows only
- * (one_lease_per_shard); holds and budgets are small tables. Every list has a LIMIT.
+ * Reads stay cheap on a table of millions of rows (sql/021; figures in README "Dashboard",
+ * bench/dashboard.sh): the batch list skip-scans batch_open_idx (one probe per open batch)
+ * and reads the batch totals the INSERT and DELETE triggers keep; a finished batch's
+ * numbers are its kept report (computed once, checked against the attempts since the last
+ * look); an open batch's are a pass over its rows through batch_idx, the cost of `leash
+ * status --batch`; workers read leased rows only (one_lease_per_shard); holds, budgets and
+ * canaries are small tables; a task's attempts are read by its key. Every list has a LIMIT.
  * Actions call what the CLI commands call (queue.c for requeue and cancel, <table>_hold /
  * _unhold as leash pause).
  */
@@ -19,16 +21,21 @@
 #define DASH_MAX_BATCHES 10
 #define DASH_WORKER_IDS 10
 
-/* {"selected": B or null, "batches": [{batch,total,pending,leased,done,dead}], "report":
-   report.c's JSON for B or null, "minutes": {"now": epoch of this minute,
-   "rows": [{t, done, dead, retried}]} (B's outcomes per minute, last hour, by finished_at),
-   "workers": [{worker, tasks, ids}], "holds": [...], "budgets": [...]}. batch: the batch to
-   show, or NULL for the first open one (else the newest). malloc'd; NULL with err. */
+/* {"selected": B or null, "batches": [{batch,total,open,pending,leased,done,dead,kept}],
+   "report": report.c's JSON for B (plus "kept": it was the kept one) or null, "minutes":
+   {"now": epoch of this minute, "rows": [{t, done, dead, retried}]} (B's outcomes per
+   minute, last hour, by finished_at; no rows when B finished over an hour ago), "previous":
+   {batch, how ("name" or "previous"), total, counts, wall_s, duration_s, first_claim_at,
+   last_finish_at, settled} or null, "workers": [{worker, tasks, ids}], "holds": [...],
+   "budgets": [...], "canaries": [{id, state, version, label, script_name, share, ...,
+   numbers}]}. batch: the batch to show, or NULL for the first open one (else the newest).
+   malloc'd; NULL with err. */
 char *dash_overview_json(PGconn *c, const struct db_table *t, const char *batch, char *err,
                          size_t errlen);
 
-/* {"task": the row, "steps": [...], "history_table": the attempt history table's name when
-   one exists (to_regclass; a later migration adds it), else null}. NULL with err ("no such
+/* {"task": the row, "steps": [...], "attempts": [{attempt, lease_token, worker, version,
+   label, kind, cause, status, error, crashed, queue_wait_s, claimed_at, finished_at,
+   run_s}] (the newest 200, oldest first), "attempts_total": n}. NULL with err ("no such
    task" when id has no row: *missing set). */
 char *dash_task_json(PGconn *c, const struct db_table *t, long long id, int *missing,
                      char *err, size_t errlen);

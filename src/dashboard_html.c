@@ -158,7 +158,7 @@ static void section_batches(struct buf *b, json_t *o)
   size_t i;
   buf_puts(b, "<section id=batches><h2>Batches</h2>");
   if (json_array_size(batches) == 0)
-    buf_puts(b, "<p class=empty>No batch among the open rows or the newest 10,000.</p>");
+    buf_puts(b, "<p class=empty>No batch: no task was enqueued with --batch.</p>");
   else
     buf_puts(b, "<table><tr><th>batch</th><th>progress</th><th>total</th><th>counts</th></tr>");
   json_array_foreach(batches, i, x) {
@@ -228,6 +228,58 @@ static void seconds(struct buf *b, json_t *v)
     buf_puts(b, "–");
 }
 
+/* "Tonight against last night": the shown batch's wall time, done, dead and p50 beside
+   the previous batch's (dashboard_data.c's previous_fmt says which batch that is). */
+static void compare(struct buf *b, json_t *rep, json_t *prev)
+{
+  buf_puts(b, "<h3>Against the previous batch</h3>");
+  if (!json_is_object(prev)) {
+    buf_puts(b, "<p class=empty id=previous>No earlier batch to compare with.</p>");
+    return;
+  }
+  const char *name = json_string_value(json_object_get(prev, "batch"));
+  const char *how = json_string_value(json_object_get(prev, "how"));
+  buf_puts(b, "<p>");
+  buf_puts(b, how && !strcmp(how, "name") ? "the previous batch of the same name (digits aside): "
+                                          : "the previous run (no earlier batch of this name): ");
+  buf_puts(b, "<a id=previous-batch href=\"/?batch=");
+  url_escape(b, name);
+  buf_puts(b, "\">");
+  html_escape(b, name);
+  buf_puts(b, "</a>");
+  if (!json_is_true(json_object_get(prev, "settled")))
+    buf_puts(b, " (still running)");
+  buf_puts(b, "</p><table id=previous><tr><th></th><th>this batch</th><th>previous</th>"
+              "<th>change</th></tr><tr><th>wall</th><td id=wall-this>");
+  json_t *w1 = json_object_get(rep, "wall_s"), *w0 = json_object_get(prev, "wall_s");
+  seconds(b, w1);
+  buf_puts(b, "</td><td id=wall-previous>");
+  seconds(b, w0);
+  buf_puts(b, "</td><td>");
+  /* A running batch's wall is the time so far: no change in per cent until it ends. */
+  if (!json_is_true(json_object_get(rep, "settled")))
+    buf_puts(b, "so far: this batch runs still");
+  else if (json_is_number(w1) && json_is_number(w0) && json_number_value(w0) > 0)
+    buf_printf(b, "%+.1f%%", 100 * (json_number_value(w1) / json_number_value(w0) - 1));
+  buf_puts(b, "</td></tr>");
+  static const char *const keys[] = { "total", "done", "dead" };
+  for (size_t i = 0; i < 3; i++) {
+    json_t *a = i ? json_object_get(json_object_get(rep, "counts"), keys[i])
+                  : json_object_get(rep, "total");
+    json_t *z = i ? json_object_get(json_object_get(prev, "counts"), keys[i])
+                  : json_object_get(prev, "total");
+    buf_printf(b, "<tr><th>%s</th><td>%lld</td><td id=\"prev-%s\">%lld</td><td>%+lld</td></tr>",
+               keys[i], (long long)json_integer_value(a), keys[i],
+               (long long)json_integer_value(z),
+               (long long)(json_integer_value(a) - json_integer_value(z)));
+  }
+  buf_puts(b, "<tr><th>p50</th><td>");
+  seconds(b, json_object_get(json_object_get(rep, "duration_s"), "p50"));
+  buf_puts(b, "</td><td>");
+  seconds(b, json_object_get(json_object_get(prev, "duration_s"), "p50"));
+  buf_puts(b, "</td><td></td></tr></table>");
+}
+
 /* The batch shown: bar, counts, chart, durations, dead reasons, its actions. */
 static void section_batch(struct buf *b, json_t *o)
 {
@@ -262,6 +314,7 @@ static void section_batch(struct buf *b, json_t *o)
              num(rep, "retried_tasks"));
   seconds(b, json_object_get(rep, "wall_s"));
   buf_puts(b, "</p>");
+  compare(b, rep, json_object_get(o, "previous"));
   json_t *reasons = json_object_get(rep, "dead_reasons"), *r, *id;
   size_t i, j;
   buf_puts(b, "<h3>Dead reasons</h3>");
@@ -410,9 +463,51 @@ static void section_budgets(struct buf *b, json_t *o)
   buf_puts(b, "</section>\n");
 }
 
+/* The latest canaries: state, share, the candidate against the current version, the
+   verdict and its reason (as leash canary status). */
+static void section_canaries(struct buf *b, json_t *o)
+{
+  json_t *cs = json_object_get(o, "canaries"), *x;
+  size_t i;
+  buf_puts(b, "<section id=canaries><h2>Canaries</h2>");
+  if (json_array_size(cs) == 0) {
+    buf_puts(b, "<p class=empty>No canary was started (leash canary start).</p></section>\n");
+    return;
+  }
+  buf_puts(b, "<table><tr><th>id</th><th>state</th><th>script</th><th>version</th>"
+              "<th>share</th><th>candidate</th><th>current</th><th>verdict</th>"
+              "<th>reason</th></tr>");
+  json_array_foreach(cs, i, x) {
+    json_t *n = json_object_get(x, "numbers");
+    buf_printf(b, "<tr class=canary><td>%lld</td><td class=state>", num(x, "id"));
+    html_escape(b, json_string_value(json_object_get(x, "state")));
+    buf_puts(b, "</td><td>");
+    put_value(b, json_object_get(x, "script_name"), 200);
+    buf_puts(b, "</td><td>");
+    put_value(b, json_object_get(x, "version"), 12);
+    if (json_is_string(json_object_get(x, "label"))) {
+      buf_puts(b, " (");
+      put_value(b, json_object_get(x, "label"), 64);
+      buf_puts(b, ")");
+    }
+    buf_printf(b, "</td><td>%lld%%</td><td class=candidate>%lld failed, %lld retried of %lld"
+                  "</td><td class=current>%lld failed, %lld retried of %lld</td>"
+                  "<td class=verdict>",
+               num(x, "share"), num(n, "candidate_failed"), num(n, "candidate_retried"),
+               num(n, "candidate_executions"), num(n, "current_failed"),
+               num(n, "current_retried"), num(n, "current_executions"));
+    put_value(b, json_object_get(n, "verdict"), 40);
+    buf_puts(b, "</td><td class=reason>");
+    put_value(b, json_object_get(n, "reason"), 300);
+    buf_puts(b, "</td></tr>");
+  }
+  buf_puts(b, "</table></section>\n");
+}
+
 /* The overview's sections, in page order: one more kind of data is one more entry. */
 static void (*const overview_sections[])(struct buf *, json_t *) = {
   section_batch, section_batches, section_workers, section_holds, section_budgets,
+  section_canaries,
 };
 
 char *dash_overview_html(const char *overview, const char *table, int refresh)
@@ -437,6 +532,52 @@ char *dash_overview_html(const char *overview, const char *table, int refresh)
     overview_sections[i](&b, o);
   json_decref(o);
   return finish(&b);
+}
+
+/* A task's attempt history (sql/016), oldest first: one row per execution. */
+static void attempts(struct buf *b, json_t *o)
+{
+  json_t *as = json_object_get(o, "attempts"), *a;
+  size_t i;
+  buf_printf(b, "<h3>Attempts</h3><p>%lld execution%s recorded", num(o, "attempts_total"),
+             num(o, "attempts_total") == 1 ? "" : "s");
+  if ((long long)json_array_size(as) < num(o, "attempts_total"))
+    buf_printf(b, " (the newest %zu shown)", json_array_size(as));
+  buf_puts(b, ".</p>");
+  if (json_array_size(as) == 0)
+    return;
+  buf_puts(b, "<table id=attempts><tr><th>attempt</th><th>worker</th><th>version</th>"
+              "<th>kind</th><th>cause</th><th>status after</th><th>queue wait</th>"
+              "<th>run</th><th>finished</th><th>error</th></tr>");
+  json_array_foreach(as, i, a) {
+    buf_printf(b, "<tr class=attempt><td class=n>%lld</td><td class=worker>", num(a, "attempt"));
+    put_value(b, json_object_get(a, "worker"), 200);
+    buf_puts(b, "</td><td class=version>");
+    put_value(b, json_object_get(a, "version"), 12);
+    if (json_is_string(json_object_get(a, "label"))) {
+      buf_puts(b, " (");
+      put_value(b, json_object_get(a, "label"), 64);
+      buf_puts(b, ")");
+    }
+    buf_puts(b, "</td><td class=kind>");
+    put_value(b, json_object_get(a, "kind"), 40);
+    if (json_is_true(json_object_get(a, "crashed")))
+      buf_puts(b, " (crash)");
+    buf_puts(b, "</td><td class=cause>");
+    put_value(b, json_object_get(a, "cause"), 64);
+    buf_puts(b, "</td><td>");
+    put_value(b, json_object_get(a, "status"), 16);
+    buf_puts(b, "</td><td>");
+    seconds(b, json_object_get(a, "queue_wait_s"));
+    buf_puts(b, "</td><td>");
+    seconds(b, json_object_get(a, "run_s"));
+    buf_puts(b, "</td><td>");
+    put_value(b, json_object_get(a, "finished_at"), 64);
+    buf_puts(b, "</td><td class=error><pre>");
+    put_value(b, json_object_get(a, "error"), 2000);
+    buf_puts(b, "</pre></td></tr>");
+  }
+  buf_puts(b, "</table>");
 }
 
 char *dash_task_html(const char *task, const char *table)
@@ -494,12 +635,8 @@ char *dash_task_html(const char *task, const char *table)
   }
   if (json_array_size(steps) > 0)
     buf_puts(&b, "</table>");
-  buf_puts(&b, "<h3>Attempts</h3><p class=empty>");
-  if (json_is_string(json_object_get(o, "history_table")))
-    buf_puts(&b, "An attempt history table exists; this version does not read it yet.");
-  else
-    buf_puts(&b, "No attempt history is stored (only the last attempt's error, above).");
-  buf_puts(&b, "</p></section>\n");
+  attempts(&b, o);
+  buf_puts(&b, "</section>\n");
   json_decref(o);
   return finish(&b);
 }

@@ -81,15 +81,62 @@ PGresult *db_exec(PGconn *c, const char *sql, int nparams, const char *const *pa
                      errlen);
 }
 
+/* The statements this thread prepared, by connection: a name not here is prepared before
+   its first use, so a new connection costs no failed EXECUTE (the server logs each one as an
+   ERROR, and a fleet of workers restarting filled its log with them). A connection freed and
+   another allocated at its address can look prepared: its first EXECUTE then fails with
+   26000 and the statement is prepared there and then, as without this cache. */
+#define PREPARED_CACHE 8
+static _Thread_local struct {
+  const PGconn *c;
+  const char *name;   /* callers pass string constants */
+} prepared[PREPARED_CACHE];
+static _Thread_local unsigned prepared_next;
+
+static int is_prepared(const PGconn *c, const char *name)
+{
+  for (int i = 0; i < PREPARED_CACHE; i++)
+    if (prepared[i].c == c && prepared[i].name && strcmp(prepared[i].name, name) == 0)
+      return 1;
+  return 0;
+}
+
+static void note_prepared(const PGconn *c, const char *name)
+{
+  prepared[prepared_next % PREPARED_CACHE].c = c;
+  prepared[prepared_next % PREPARED_CACHE].name = name;
+  prepared_next++;
+}
+
+static PGresult *prepare(PGconn *c, const char *name, const char *sql, int nparams)
+{
+  PGresult *r = PQprepare(c, name, sql, nparams, NULL);
+  if (r && PQresultStatus(r) == PGRES_COMMAND_OK)
+    note_prepared(c, name);
+  return r;
+}
+
 PGresult *db_exec_prepared(PGconn *c, const char *name, const char *sql, int nparams,
                            const char *const *params, char *err, size_t errlen)
 {
-  PGresult *r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
+  PGresult *r;
+  if (!is_prepared(c, name)) {
+    r = prepare(c, name, sql, nparams);
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
+      const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+      if (!state || strcmp(state, "42P05") != 0)   /* 42P05: prepared already */
+        return exec_result(c, r, err, errlen);
+      note_prepared(c, name);
+    }
+    PQclear(r);
+  }
+  r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
   const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
   if (state && strcmp(state, "26000") == 0) {
-    /* Not prepared on this connection yet (a new one, or one that was reset). */
+    /* Not prepared on this connection after all (one that was reset, or a new one at a
+       freed one's address). */
     PQclear(r);
-    r = PQprepare(c, name, sql, nparams, NULL);
+    r = prepare(c, name, sql, nparams);
     if (!r || PQresultStatus(r) != PGRES_COMMAND_OK)
       return exec_result(c, r, err, errlen);
     PQclear(r);

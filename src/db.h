@@ -28,7 +28,8 @@ PGresult *db_exec(PGconn *c, const char *sql, int nparams, const char *const *pa
                   char *err, size_t errlen);
 
 /* As db_exec, for a statement run often: prepared as `name` on c the first time it is used
-   there (the server plans it once per connection, not on every call). */
+   there (the server plans it once per connection, not on every call). name must be a string
+   constant: the thread's record of what it prepared keeps the pointer. */
 PGresult *db_exec_prepared(PGconn *c, const char *name, const char *sql, int nparams,
                            const char *const *params, char *err, size_t errlen);
 

@@ -56,7 +56,7 @@
    default; bounds 0..LIFECYCLE_MAX_MAX_SNOOZES, its CHECK). */
 #define LIFECYCLE_DEFAULT_MAX_SNOOZES 100
 #define LIFECYCLE_MAX_MAX_SNOOZES 10000
-/* leash.wait (sql/018_waits.sql): a wait on tasks ends at its deadline (default, cap); a
+/* leash.wait (sql/019_waits.sql): a wait on tasks ends at its deadline (default, cap); a
    wait on the clock is cut to the cap; ids = {...} names at most WAIT_MAX_IDS tasks. */
 #define LIFECYCLE_WAIT_DEADLINE_S 86400.0
 #define LIFECYCLE_MAX_WAIT_S 604800.0

@@ -15,7 +15,7 @@ enum outcome_kind {
   OUTCOME_SNOOZE,    /* pending again after delay, the attempt given back; a retry once the
                         row's snoozes reach max_snoozes (leash.snooze) */
   OUTCOME_WAIT,      /* pending again, the attempt given back, not claimable until what it
-                        waits for holds (leash.wait; sql/018_waits.sql); result holds the
+                        waits for holds (leash.wait; sql/019_waits.sql); result holds the
                         wait's spec as JSON */
   OUTCOME_KINDS
 };

@@ -109,7 +109,7 @@ struct queue_script_sql {
                         attempts, $6 batch given, $7 batch, $8 the table; the parent's
                         lease: $9 id, $10 owner, $11 token → its id if written */
   char *wait_get;    /* $1 task id → what its last wait waited for, JSON text (one row when
-                        its last execution ended in leash.wait: sql/018_waits.sql) */
+                        its last execution ended in leash.wait: sql/019_waits.sql) */
   char *budget_grant;  /* $1 budget, $2 tokens, $3 hold (s), $4 task id, $5 its token →
                           granted, call_id, wait_s, why (sql/014_budgets.sql) */
   char *budget_settle; /* $1 budget, $2 call id, $3 tokens used, $4 pause (s), $5 reason,

@@ -44,8 +44,10 @@ SELECT DISTINCT n, p.via FROM produced p, generate_series(p.lo, p.hi) n
 CREATE TEMP TABLE q AS
 SELECT id, (payload->>'n')::int AS n, payload->>'via' AS via, status, attempts, max_attempts,
        lease_owner, result, last_error, tenant_id, shard_key, (payload->>'fatal')::boolean AS fatal,
-       payload->>'hostile' AS hostile, last_cause, crashes, max_crashes
-  FROM agent_work_queue;
+       payload->>'hostile' AS hostile, last_cause, crashes, max_crashes,
+       payload->>'wait' AS wait
+  FROM agent_work_queue
+ WHERE NOT payload ? 'child_of';   -- the waiters' children: their own section (waits)
 
 -- Every lease: its claim and how it ended (settle, reap or release), from lease_log.
 CREATE TEMP TABLE leases AS
@@ -403,6 +405,31 @@ SELECT pg_temp.fig('innocent tasks quarantined (must be 0)', count(*), count(*) 
 SELECT pg_temp.fig('forged log lines: JSON lines with msg "forged line" (must be 0)', count(*),
                    count(*) = 0)
   FROM wlog WHERE msg = 'forged line';
+
+-- ------------------------------------------------------------------ waits
+SELECT pg_temp.head('waits (task.lua: 1 in 29 waits on the clock, 1 in 31 for two children)');
+SELECT pg_temp.fig('waiters (clock / children)',
+                   format('%s / %s', count(*) FILTER (WHERE wait = 'clock'),
+                          count(*) FILTER (WHERE wait = 'children'))) FROM q;
+SELECT pg_temp.fig('executions that ended in a wait (attempt history)', count(*))
+  FROM agent_work_queue_attempts WHERE kind = 'wait';
+SELECT pg_temp.fig('waiters done without a wait in their history (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE wait IS NOT NULL AND status = 'done'
+   AND NOT EXISTS (SELECT 1 FROM agent_work_queue_attempts a WHERE a.task_id = q.id AND a.kind = 'wait');
+SELECT pg_temp.fig('waiters not done (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE wait IS NOT NULL AND status <> 'done';
+SELECT pg_temp.fig('waits past their deadline (must be 0)', count(*), count(*) = 0)
+  FROM agent_work_queue_attempts WHERE cause = 'wait_deadline';
+SELECT pg_temp.fig('children (rows, done)', format('%s, %s', count(*), count(*) FILTER (WHERE status = 'done')))
+  FROM agent_work_queue WHERE payload ? 'child_of';
+SELECT pg_temp.fig('children not done (must be 0)', count(*), count(*) = 0)
+  FROM agent_work_queue WHERE payload ? 'child_of' AND status <> 'done';
+SELECT pg_temp.fig('children waiters with fewer than two children (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE wait = 'children' AND status = 'done'
+   AND (SELECT count(*) FROM agent_work_queue c WHERE c.parent_id = q.id) < 2;
+SELECT pg_temp.fig('  with more (a fan-out run again after a lost lease: at least once)', count(*))
+  FROM q WHERE wait = 'children'
+   AND (SELECT count(*) FROM agent_work_queue c WHERE c.parent_id = q.id) > 2;
 
 -- ------------------------------------------------------------------ print
 \o

@@ -341,6 +341,9 @@ producer() {
             hostile = kinds[1 + int(rand() * nk)]; fatal = "false"
           }
           h = hostile == "" ? "" : ", \"hostile\": \"" hostile "\""
+          # Waiters (task.lua): 1 in 29 waits on the clock, 1 in 31 for two children first.
+          if (hostile == "" && fatal == "false" && n % 29 == 0) h = h ", \"wait\": \"clock\""
+          else if (hostile == "" && fatal == "false" && n % 31 == 0) h = h ", \"wait\": \"children\""
           if (n % every == 0) {
             printf "%s(%s, %s, %s, %s, %d)", (ns++ ? ",\n" : "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, batch, max_crashes) VALUES\n"), \
               "\047" tenant "\047", "\047" shard "\047", \
@@ -350,7 +353,7 @@ producer() {
           extra = sprintf(", \"max_crashes\": %d", crashes)
           if (budget) extra = extra ", \"budget\": \"llm\""
           if (rand() < 0.10) extra = extra sprintf(", \"delay\": %.2f", rand() * 3)
-          if (rand() < 0.02 && hostile == "") extra = extra ", \"max_attempts\": 2"
+          if (rand() < 0.02 && hostile == "" && h == "") extra = extra ", \"max_attempts\": 2"
           printf "{\"payload\": {\"n\": %d, \"via\": \"copy\", \"fatal\": %s%s}, \"tenant_id\": \"%s\", \"shard_key\": \"%s\", \"batch\": \"chaos\"%s}\n", \
             n, fatal, h, tenant, shard, extra > jf
           nj++

@@ -24,6 +24,12 @@
 --            crlf, yield, gc, bigresult, leak), then run normally: each must end as a retry
 --            of that one task, the process alive, and the task done in the end
 -- Every task first checks that nothing a "leak" task did is visible to it.
+--
+-- Waits (payload.wait; issue #19): "clock" tasks first wait a moment (leash.wait{after}),
+-- "children" tasks first enqueue two children (payload.child_of, each on a shard of its own,
+-- inside a step) and wait for them; resumed, a waiter checks what it waited for and then runs
+-- as any task (execs, the llm step), so every invariant holds for it too. A child only
+-- answers ok. checks.sql counts the waits and proves none was left or passed its deadline.
 local leash = require "leash"
 
 local ORIGINAL_UPPER = string.upper
@@ -162,11 +168,52 @@ local misbehave = {
   end,
 }
 
+-- A waiter's first execution ends in its wait; resumed, nil (run on) or a fatal outcome.
+local function wait_first(task, kind)
+  local w = leash.waited()
+  if w then
+    if kind == "children" then
+      local done = 0
+      for _, c in ipairs(w.tasks) do done = done + (c.status == "done" and 1 or 0) end
+      -- Two or more: the fan-out's enqueues commit on their own, so an execution that lost
+      -- its lease before the step was stored leaves children the next one adds to.
+      if done ~= #w.tasks or #w.tasks < 2 or w.expired then
+        return leash.fatal(("children: %d of %d done, expired %s %s"):format(
+          done, #w.tasks, tostring(w.expired), tag(task)))
+      end
+    end
+    return nil
+  end
+  if kind == "children" then
+    leash.step("fanout", function()
+      for i = 1, 2 do
+        leash.enqueue{ payload = { child_of = task.id, i = i },
+                       shard_key = task.shard_key .. "/" .. task.id .. "/" .. i }
+      end
+      return 2
+    end)
+    return leash.wait{ children = true, deadline = 600 }
+  end
+  return leash.wait{ after = 0.2 + math.random() * 0.8 }
+end
+
 return {
   handle = function(task)
     if rawget(_G, "leaked_global") ~= nil or string.upper ~= ORIGINAL_UPPER
        or getmetatable(_G) ~= nil then
       return leash.fatal("state leaked across tasks " .. tag(task))
+    end
+    if type(task.payload) == "table" and task.payload.child_of then
+      return leash.ok({ child_of = task.payload.child_of, i = task.payload.i })
+    end
+    local wait = type(task.payload) == "table" and task.payload.wait
+    if wait then
+      local ok, out = pcall(wait_first, task, wait)
+      if not ok then   -- the database went away, or the lease: as below
+        if task:lease_lost() then error(out, 0) end
+        return leash.retry("raised before the wait: " .. tostring(out) .. " " .. tag(task), 0.5)
+      end
+      if out then return out end
     end
     local hostile = type(task.payload) == "table" and task.payload.hostile
     if hostile == "kill" then

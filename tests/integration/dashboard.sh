@@ -274,6 +274,15 @@ case_hostile_values_are_escaped_in_every_page() {
       where id = 1" >/dev/null
   q "insert into agent_work_queue_holds (kind, scope, source, reason)
      select 'tenant', payload->>'note', 'pause', payload->>'note' from agent_work_queue" >/dev/null
+  q "insert into agent_work_queue_attempts (task_id, lease_token, attempt, worker, label, kind,
+       cause, status, error)
+     select id, 1, 1, payload->>'note', payload->>'note', 'dead', payload->>'note', 'dead',
+            payload->>'note' from agent_work_queue" >/dev/null
+  q "insert into agent_work_queue_canaries (script, script_name, version, label, share,
+       min_tasks, max_fail_delta, max_retry_delta, auto_promote, state, decision)
+     select 'x', payload->>'note', repeat('ab', 32), payload->>'note', 10, 5, 0.1, 0.1, false,
+            'aborted', jsonb_build_object('verdict', payload->>'note', 'reason', payload->>'note')
+       from agent_work_queue" >/dev/null
   q "insert into agent_work_queue_usage (task_id, batch, budget, model, input_tokens,
        output_tokens, tokens, cost)
      select id, batch, payload->>'note', payload->>'note', 1, 2, 3, 0.5 from agent_work_queue" >/dev/null
@@ -321,6 +330,192 @@ PY
   stop_dashboard
 }
 
+# overview_check PORT [QUERY]: every listed batch's counts in /api/overview equal SQL's, and
+# the list is the open batches and the 10 newest; prints the JSON (in $T_TMP/overview.json).
+overview_check() {
+  local port=$1 query=${2:-}
+  http GET "http://127.0.0.1:$port/api/overview$query" | tail -n +2 >"$T_TMP/overview.json"
+  "$PY" - "$T_TMP/overview.json" >"$T_TMP/shown.txt" <<'PY' || fail "overview: $(cat "$T_TMP/overview.json")"
+import json, sys
+for b in json.load(open(sys.argv[1]))["batches"]:
+    print(b["batch"], b["total"], b["pending"], b["leased"], b["done"], b["dead"])
+PY
+  q "select batch, count(*), count(*) filter (where status = 'pending'),
+            count(*) filter (where status = 'leased'), count(*) filter (where status = 'done'),
+            count(*) filter (where status = 'dead')
+       from agent_work_queue where batch in (
+         select batch from (select batch, max(id) m from agent_work_queue where batch is not null
+                             group by batch order by m desc limit 10) n
+         union select batch from agent_work_queue where status in ('pending', 'leased'))
+      group by batch order by max(id) desc" | tr '|' ' ' >"$T_TMP/sql.txt"
+  assert_eq "batches and counts shown${query:+ for $query} against SQL" "$(cat "$T_TMP/shown.txt")" "$(cat "$T_TMP/sql.txt")"
+}
+
+# report_kept PORT QUERY: overview_check, and true when the batch shown had its kept report.
+report_kept() {
+  overview_check "$1" "$2"
+  [[ $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["report"]["kept"])' "$T_TMP/overview.json") == True ]]
+}
+
+case_batch_counts_stay_equal_to_sql_through_enqueues_requeues_and_prunes() {
+  run_setup
+  write_script
+  local port i
+  port=$(free_port)
+  # One batch (opened again below), then 12 finished of 3 to 14 tasks, every third task
+  # dead: the open one is older than the 10 newest and listed too.
+  "$LEASH" enqueue --batch open1 '{}' >/dev/null
+  for ((i = 1; i <= 12; i++)); do
+    "$PY" -c 'import json,sys; n=int(sys.argv[1])
+for k in range(n): print(json.dumps({"payload": {"die": "no"} if k % 3 == 0 else {}, "batch": sys.argv[2]}))' \
+      $((i + 2)) "b$i" | "$LEASH" enqueue --file - >/dev/null
+  done
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 4
+  q "update agent_work_queue set status = 'pending', run_after = now() + interval '1 hour'
+      where batch = 'open1'" >/dev/null
+  # The totals the triggers keep: the table's own counts, per batch.
+  assert_eq "kept totals" "$(q "select batch || ':' || sum(total) from agent_work_queue_batch_totals group by batch order by batch")" \
+    "$(q "select batch || ':' || count(*) from agent_work_queue where batch is not null group by batch order by batch")"
+  start_dashboard "$port"
+  overview_check "$port"
+  assert_eq "batches listed" "$(wc -l <"$T_TMP/shown.txt")" 11
+  assert_not_contains "the oldest batches are not listed" "$(cut -d' ' -f1 "$T_TMP/shown.txt")" "b2"
+  # The finished batches' reports are kept now, and used: the second look says so.
+  assert_eq "reports kept" "$(q "select count(*) from agent_work_queue_batch_reports")" 10
+  # (Kept reports hold once their batch's last attempt is 5 s old: see dashboard_data.c.)
+  wait_for "b5's report to be the kept one" 60 report_kept "$port" "?batch=b5"
+  # A batch that does not exist is shown empty, and nothing is kept for it.
+  assert_eq "a look at no batch" "$(http_status GET "http://127.0.0.1:$port/api/overview?batch=no-such-batch")" 200
+  assert_eq "reports kept after a look at no batch" "$(q "select count(*) from agent_work_queue_batch_reports where batch = 'no-such-batch'")" 0
+  # A requeue of b5's dead and a new run: the kept report no longer holds (new attempts).
+  expect_exit 0 "$LEASH" requeue --dead --batch b5
+  q "update agent_work_queue set payload = '{}' where batch = 'b5'" >/dev/null
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 2 --batch b5
+  overview_check "$port" "?batch=b5"
+  assert_eq "b5 dead after the requeue" "$(grep '^b5 ' "$T_TMP/shown.txt" | cut -d' ' -f6)" 0
+  # A prune (rows deleted): the totals follow, and so do the counts.
+  q "delete from agent_work_queue where batch = 'b7' and status = 'dead'" >/dev/null
+  overview_check "$port" "?batch=b7"
+  assert_eq "b7 after the delete" "$(grep '^b7 ' "$T_TMP/shown.txt" | cut -d' ' -f2,6)" "6 0"
+  # A batch deleted whole leaves no total behind.
+  q "delete from agent_work_queue where batch = 'b12'" >/dev/null
+  assert_eq "b12's totals" "$(q "select count(*) from agent_work_queue_batch_totals where batch = 'b12'")" 0
+  overview_check "$port"
+  # Four processes enqueueing into one batch at once: no count lost.
+  for i in 1 2 3 4; do
+    "$PY" -c 'import json
+for k in range(300): print(json.dumps({"payload": {}, "batch": "par"}))' >"$T_TMP/par$i.jsonl"
+  done
+  local pids=()
+  for i in 1 2 3 4; do
+    "$LEASH" enqueue --file - <"$T_TMP/par$i.jsonl" >/dev/null &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || fail "a parallel enqueue failed"; done
+  assert_eq "par's total" "$(q "select sum(total) from agent_work_queue_batch_totals where batch = 'par'")" 1200
+  overview_check "$port"
+  stop_dashboard
+}
+
+case_a_task_page_shows_its_attempt_history_as_sql_has_it() {
+  run_setup
+  local port id
+  port=$(free_port)
+  cat >"$T_TMP/flaky.lua" <<'LUA'
+local leash = require "leash"
+return { label = "v9", handle = function(task)
+  if task.attempt < 3 then return leash.retry("try " .. task.attempt, 0) end
+  return leash.fatal("gave up <b>")
+end }
+LUA
+  id=$("$LEASH" enqueue --batch h '{}')
+  expect_exit 0 "$LEASH" run "$T_TMP/flaky.lua" --until-empty --worker-id pod-a
+  start_dashboard "$port"
+  local page want
+  page=$(http GET "http://127.0.0.1:$port/api/task?id=$id" | tail -n +2)
+  want=$(q "select string_agg(attempt || ' ' || kind || ' ' || coalesce(cause, '-') || ' ' || worker || ' ' || label, ',' order by finished_at, lease_token) from agent_work_queue_attempts where task_id = $id")
+  assert_eq "attempts in the JSON against SQL" "$("$PY" -c 'import json,sys
+print(",".join("%s %s %s %s %s" % (a["attempt"], a["kind"], a["cause"] or "-", a["worker"], a["label"]) for a in json.loads(sys.argv[1])["attempts"]))' "$page")" "$want"
+  [[ $want == *"dead"* ]] || fail "the history has no dead attempt: $want"
+  page=$(http GET "http://127.0.0.1:$port/task?id=$id")
+  assert_eq "attempt rows on the page" "$(grep -o '<tr class=attempt>' <<<"$page" | wc -l)" \
+    "$(q "select count(*) from agent_work_queue_attempts where task_id = $id")"
+  assert_contains "the error, escaped" "$page" "gave up &lt;b&gt;"
+  assert_contains "the label" "$page" "(v9)"
+  stop_dashboard
+}
+
+case_a_batch_is_compared_with_the_previous_one_of_its_name_else_the_previous_run() {
+  run_setup
+  local port
+  port=$(free_port)
+  # Three batches in this order, finished by hand with wall times of 40, 25 and 10 s.
+  local b w
+  for b in "nightly-2026-11-30:40" "adhoc <x>:25" "nightly-2026-12-01:10"; do
+    w=${b##*:} b=${b%:*}
+    q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, started_at,
+         run_started_at, finished_at)
+       select 't', md5(random()::text), '{}', '$b', case when i = 1 then 'dead' else 'done' end,
+              now() - interval '2 hours', now() - interval '2 hours',
+              now() - interval '2 hours' + interval '1 second' * ($w * i / 5)
+         from generate_series(1, 5) i" >/dev/null
+  done
+  start_dashboard "$port"
+  # prev BATCH: the previous batch, how it was matched and its wall time, from the JSON.
+  prev() {
+    http GET "http://127.0.0.1:$port/api/overview?batch=$("$PY" -c 'import sys,urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$1")" |
+      tail -n +2 | "$PY" -c 'import json,sys; p=json.load(sys.stdin)["previous"]
+print("none" if p is None else "%s|%s|%s" % (p["batch"], p["how"], p["wall_s"]))'
+  }
+  wall() { q "select extract(epoch from max(finished_at) - min(started_at))::float8 from agent_work_queue where batch = '$1'"; }
+  assert_eq "tonight against last night (same name, digits aside)" "$(prev nightly-2026-12-01)" \
+    "nightly-2026-11-30|name|$(wall nightly-2026-11-30)"
+  assert_eq "a batch of a new name against the previous run" "$(prev "adhoc <x>")" \
+    "nightly-2026-11-30|previous|$(wall nightly-2026-11-30)"
+  assert_eq "the first batch has none" "$(prev nightly-2026-11-30)" none
+  local page
+  page=$(http GET "http://127.0.0.1:$port/?batch=nightly-2026-12-01")
+  assert_contains "the comparison on the page" "$page" '<td id=wall-previous>40.00 s</td><td>-75.0%</td>'
+  stop_dashboard
+}
+
+case_a_worker_serves_the_dashboard_read_only_on_loopback_only() {
+  run_setup
+  write_script
+  token_file
+  local port addr
+  port=$(free_port)
+  for addr in 0.0.0.0:8089 :8089 "[::]:8089" 192.0.2.1:8089; do
+    expect_exit 2 "$LEASH" run "$T_TMP/batch.lua" --dashboard "$addr"
+    assert_eq "stderr lines for $addr" "$(wc -l <"$T_ERR")" 1
+    assert_contains "error for $addr" "$(cat "$T_ERR")" "not a loopback address"
+  done
+  expect_exit 2 "$LEASH" run "$T_TMP/batch.lua" --dashboard 127.0.0.1:0
+  "$PY" -c 'import json
+for k in range(30): print(json.dumps({"payload": {"sleep": 0.1, "die": "x"} if k % 5 == 0 else {"sleep": 0.1}, "batch": "w1"}))' |
+    "$LEASH" enqueue --file - >/dev/null
+  start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100 --dashboard "127.0.0.1:$port"
+  wait_for "the worker's dashboard to answer" 60 eval "[[ \$(http_status GET http://127.0.0.1:$port/api/overview) == 200 ]]"
+  wait_for "the batch to finish" 120 q_true "select count(*) = 0 from agent_work_queue where status in ('pending', 'leased')"
+  overview_check "$port" "?batch=w1"
+  assert_eq "w1 as the worker's dashboard shows it" "$(cat "$T_TMP/shown.txt")" "w1 30 0 0 24 6"
+  local id
+  id=$(q "select min(id) from agent_work_queue where status = 'dead'")
+  assert_contains "a task's page" "$(http GET "http://127.0.0.1:$port/task?id=$id")" "<tr class=attempt>"
+  # Read-only: every action refused, with any token; nothing changes.
+  for action in requeue cancel pause resume; do
+    assert_eq "$action on the worker's dashboard" \
+      "$(http_status POST "http://127.0.0.1:$port/api/$action" "batch=w1" "Authorization: Bearer $TOKEN")" 403
+  done
+  assert_eq "dead after refused actions" "$(q "select count(*) from agent_work_queue where status = 'dead'")" 6
+  assert_eq "holds after refused actions" "$(q "select count(*) from agent_work_queue_holds")" 0
+  # One TERM: the worker drains and exits 0, the dashboard with it (under ASan: no leak).
+  kill -TERM "${W_PID[W]}"
+  assert_worker_exit W 60 0
+  [[ $(http_status GET "http://127.0.0.1:$port/api/overview" 2>/dev/null) != 200 ]] ||
+    fail "the worker's dashboard still answers after the worker exited"
+}
+
 # pixels JSON KEY: a number from the screenshot step's output.
 jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); v=eval("d"+sys.argv[2]); print(json.dumps(v) if not isinstance(v,str) else v)' "$1" "$2"; }
 
@@ -347,7 +542,23 @@ for i in range(240):
     if i % 6 == 0:
         p["die"] = "<script>document.title=\"pwned\"</script> quota & \"limits\""
     print(json.dumps({"payload": p, "batch": sys.argv[1]}))' "$batch" >"$T_TMP/tasks.jsonl"
+  # Last night's batch of the same name's shape, finished (by hand: 10 done, 2 dead, 100 s
+  # of wall time), enqueued before tonight's: the page's comparison.
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, started_at,
+       run_started_at, finished_at)
+     select 't', 'prev' || i, '{}', 'night <2025>', case when i <= 2 then 'dead' else 'done' end,
+            timestamptz '2026-11-30 01:00Z', timestamptz '2026-11-30 01:00Z',
+            timestamptz '2026-11-30 01:00Z' + interval '1 second' * (100 * i / 12)
+       from generate_series(1, 12) i;
+     " >/dev/null
   enqueue_file "$T_TMP/tasks.jsonl" 240
+  # A canary rolled back: the canary section.
+  q "insert into agent_work_queue_canaries (script, script_name, version, share, min_tasks,
+       max_fail_delta, max_retry_delta, auto_promote, state, decided_at, decided_by, decision)
+     values ('return 1', 'grade.lua', repeat('ab', 32), 10, 50, 0.05, 0.1, false, 'rolled_back',
+       now(), 'auto', jsonb_build_object('verdict', 'rollback', 'reason', 'failure 40% vs 2%',
+       'candidate_executions', 25, 'candidate_failed', 10, 'current_executions', 200,
+       'current_failed', 4))" >/dev/null
   start_dashboard "$port" --token-file "$T_TMP/token"
   local bq="batch = 'night <2026>'"
   # The browser first, with its own profile (skipped when it cannot start here), so the
@@ -371,7 +582,7 @@ for i in range(240):
   fi
   start_worker W "$T_TMP/batch.lua" --concurrency 2 --poll-ms 20-100
   wait_for "a done and a dead task" 60 \
-    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue"
+    q_true "select count(*) filter (where status = 'done') > 0 and count(*) filter (where status = 'dead') > 0 from agent_work_queue where $bq"
   local base="http://127.0.0.1:$port" b="$T_TMP/browser"
   browser() { "$PY" "$BROWSER_PY" "$T_TMP/chromium" "$@"; }
 
@@ -405,6 +616,17 @@ for i in range(240):
   (($(jget "$b.live" '["chart_pixels"]["done"]') > 0)) || fail "no done bar in the chart"
   (($(jget "$b.live" '["chart_pixels"]["dead"]') > 0)) || fail "no dead bar in the chart"
   [[ -z ${LEASH_DASHBOARD_SCREENSHOT:-} ]] || cp "$T_TMP/live.png" "$LEASH_DASHBOARD_SCREENSHOT"
+  # Against last night (the batch of the same shape): its wall and dead as SQL has them.
+  assert_eq "previous batch shown" "$(jget "$b.live" '["previous_batch"]')" "night <2025>"
+  assert_eq "previous wall shown" "$(jget "$b.live" '["wall_previous"]')" \
+    "$(q "select to_char(extract(epoch from max(finished_at) - min(started_at)), 'FM990.00') || ' s'
+          from agent_work_queue where batch = 'night <2025>'")"
+  assert_eq "previous dead shown" "$(jget "$b.live" '["previous_dead"]')" \
+    "$(q "select count(*) from agent_work_queue where batch = 'night <2025>' and status = 'dead'")"
+  # The canary as SQL has it.
+  assert_eq "canary shown" "$(jget "$b.live" '["canaries"]')" \
+    "$(q "select json_build_array(json_build_array(state, decision->>'verdict', decision->>'reason'))
+          from agent_work_queue_canaries")"
 
   # 2. Pause the batch through the page: the hold is in SQL, the workers stop claiming it;
   #    once its leases are settled the page's numbers equal SQL's exactly.
@@ -429,6 +651,9 @@ for i in range(240):
   assert_eq "last error shown as text" "$(jget "$b.task" '["last_error"]')" \
     "$(q "select last_error from agent_work_queue where id = $id")"
   assert_eq "no script on the task page" "$(jget "$b.task" '["scripts"]')" 0
+  assert_eq "its attempts shown as SQL has them" "$(jget "$b.task" '["attempts"]')" \
+    "$(q "select json_agg(attempt || ' ' || kind order by finished_at, lease_token)
+          from agent_work_queue_attempts where task_id = $id")"
   browser submit "$base/task?id=$id" requeue "$TOKEN" "id=$id" >"$b.requeue" || fail "browser: $(cat "$b.requeue")"
   assert_eq "requeue result" "$(jget "$b.requeue" '["message"]')" "requeued task $id"
   assert_eq "requeued in SQL" "$(q "select status || ' ' || attempts from agent_work_queue where id = $id")" "pending 0"

@@ -47,6 +47,13 @@ FACTS = r"""(() => {
     workers: [...document.querySelectorAll('#workers td:first-child')].map(e => e.textContent),
     holds: [...document.querySelectorAll('#holds td.scope')].map(e => e.textContent),
     task_status: t('#task-status'), last_error: t('#last-error'),
+    attempts: [...document.querySelectorAll('#attempts tr.attempt')].map(
+      r => r.querySelector('td.n').textContent + ' ' + r.querySelector('td.kind').textContent),
+    previous_batch: t('#previous-batch'), wall_previous: t('#wall-previous'),
+    previous_dead: n('#prev-dead'),
+    canaries: [...document.querySelectorAll('#canaries tr.canary')].map(r => [
+      r.querySelector('td.state').textContent, r.querySelector('td.verdict').textContent,
+      r.querySelector('td.reason').textContent]),
     message: t('#message'),
     text: document.body ? document.body.innerText.slice(0, 4000) : ''
   };

@@ -148,6 +148,63 @@ case_summarize_chunks_map_reduce() {
   assert_no_sanitizer_reports
 }
 
+# 2b. The other fan-in: a document's task enqueues its chunks as children and waits for them
+# (leash.wait{children = true}), then reduces. 4 documents of 10 chunks and one of 1,000, two
+# processes of 4 slots: each document task runs twice and spends one attempt, holds no lease
+# while its chunks run (the 1,000-chunk one is seen waiting with nothing leased of its own),
+# and its summary is its chunks' in order; chunks ending in 3 retry once (the stand-in).
+case_summarize_chunks_documents_wait_for_their_chunks() {
+  examples_setup
+  q "CREATE TABLE chunk_summaries (doc text, chunk int, summary text, worker text, PRIMARY KEY (doc, chunk));
+     CREATE TABLE doc_summaries (doc text PRIMARY KEY, summary text NOT NULL, chunks int NOT NULL,
+       updated_at timestamptz NOT NULL DEFAULT now())" >/dev/null
+  python3 - "$T_TMP/docs.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for d, n in (("big", 1000), ("a", 10), ("b", 10), ("c", 10), ("d", 10)):
+        texts = ["Chunk %d of %s: revenue grew while costs held steady in every region" % (i, d)
+                 for i in range(1, n + 1)]
+        f.write(json.dumps({"payload": {"doc": d, "texts": texts}, "shard_key": d}) + "\n")
+PY
+  "$LEASH" enqueue --tenant demo --batch docs --file "$T_TMP/docs.jsonl" >/dev/null
+  local big t0
+  big=$(q "SELECT id FROM agent_work_queue WHERE payload->>'doc' = 'big'")
+  t0=$(_now)
+  start_worker W "$SCRIPTS/summarize_chunks.lua" --concurrency 4 --until-empty --poll-ms 20-100
+  start_worker V "$SCRIPTS/summarize_chunks.lua" --concurrency 4 --until-empty --poll-ms 20-100
+  wait_for "the 1,000-chunk document to wait" 60 q_true \
+    "SELECT status = 'pending' AND last_cause = 'waiting' AND locked_until IS NULL
+       FROM agent_work_queue WHERE id = $big"
+  assert_eq "while it waits (attempts|children|status|lease held)" \
+    "$(q "SELECT attempts || '|' || (SELECT count(*) FROM agent_work_queue c WHERE c.parent_id = q.id)
+              || '|' || status || '|' || (locked_until IS NOT NULL)
+            FROM agent_work_queue q WHERE id = $big")" \
+    "0|1000|pending|false"
+  assert_worker_exit W 240 0
+  assert_worker_exit V 240 0
+  report "summarize_chunks documents (5 documents waiting for 1,040 chunks, 2 x 4 slots)" 1045 "$t0"
+  assert_eq "queue after the batch" "$(status_counts)" "done=1045"
+  assert_eq "documents summarised (doc:chunks)" \
+    "$(q 'SELECT string_agg(doc || $$:$$ || chunks, $$ $$ ORDER BY doc) FROM doc_summaries')" \
+    "a:10 b:10 big:1000 c:10 d:10"
+  assert_eq "document summaries that are not their chunk summaries in order" \
+    "$(q "SELECT count(*) FROM doc_summaries d
+           WHERE d.summary IS DISTINCT FROM (SELECT string_agg(summary, E'\n' ORDER BY chunk)
+                                               FROM chunk_summaries c WHERE c.doc = d.doc)")" 0
+  assert_eq "document tasks' history (attempt:kind, one line per document)" \
+    "$(q "SELECT string_agg(h, ' ' ORDER BY h) FROM (
+            SELECT string_agg(a.attempt || ':' || a.kind, ',' ORDER BY a.finished_at) h
+              FROM agent_work_queue q JOIN agent_work_queue_attempts a ON a.task_id = q.id
+             WHERE q.payload ? 'texts' GROUP BY q.id) x")" \
+    "1:wait,1:done 1:wait,1:done 1:wait,1:done 1:wait,1:done 1:wait,1:done"
+  assert_eq "chunks on a shard of their own" \
+    "$(q "SELECT count(*) FROM agent_work_queue WHERE parent_id IS NOT NULL
+             AND shard_key = (payload->>'doc') || '#' || (payload->>'chunk')")" 1040
+  assert_eq "chunks retried (ending in 3: 100 + 4 x 1)" \
+    "$(q "SELECT count(*) FROM agent_work_queue WHERE parent_id IS NOT NULL AND attempts = 2")" 104
+  assert_no_sanitizer_reports
+}
+
 # 3. 300 documents, batch_size 50: one task becomes a chain of 7 (6 full batches and the
 # last, empty one); every row gets its 8-dimensional vector, each batch paid for once.
 case_backfill_embeddings_drains() {

@@ -168,6 +168,15 @@ case_prune_deletes_a_tasks_attempts_and_requeue_keeps_them() {
   assert_eq "and left the done one's" "$(q "select count(*) from $A where task_id = $kept")" 2
   expect_exit 0 "$LEASH" prune --older-than 0 --chunk 1
   assert_eq "nothing of either is left" "$(q "select count(*) from $A")" 0
+  # The history has no foreign key (sql/020): a DELETE or a TRUNCATE by hand takes it too.
+  kept=$(enqueue_ids '{"fail":1}' '{"fail":1}')
+  start_worker C "$FLAKY" --poll-ms 10-30 --until-empty
+  assert_worker_exit C 60 0
+  assert_eq "four attempts of two tasks" "$(q "select count(*) from $A")" 4
+  q "delete from agent_work_queue where id = (select min(task_id) from $A)" >/dev/null
+  assert_eq "a DELETE by hand took its task's two" "$(q "select count(*) from $A")" 2
+  q "truncate agent_work_queue cascade" 2>/dev/null >/dev/null
+  assert_eq "a TRUNCATE took the rest" "$(q "select count(*) from $A")" 0
 }
 
 case_two_versions_of_a_hot_swap_mid_batch_are_split_by_report_by_version() {

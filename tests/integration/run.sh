@@ -11,6 +11,8 @@ source "$(dirname "$0")/run_common.sh"
 # 1. Three processes drain 5,000 tasks: each runs exactly once (no crash, long leases).
 case_no_double_execution() {
   run_setup
+  local log=${LEASH_PG_DIR:-}/server.log log_at=0
+  [[ -r $log ]] && log_at=$(stat -c %s "$log")
   seq 1 5000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 5000
   local w
@@ -29,6 +31,12 @@ case_no_double_execution() {
   assert_eq "executions whose attempt <> 1" "$(q 'select count(*) from execs where attempt <> 1')" 0
   # Every process took part (the queue is shared, not grabbed by the first one).
   assert_eq "workers that executed tasks" "$(q 'select count(distinct worker) from execs')" 3
+  # A clean batch is quiet in the server's log too (a first EXECUTE of a statement not yet
+  # prepared on its connection used to leave an ERROR there per worker and reconnect).
+  if [[ -r $log ]]; then
+    assert_eq "ERROR lines of this database in the server log since the case began" \
+      "$(tail -c +$((log_at + 1)) "$log" | grep -c "@$TDB ERROR")" 0
+  fi
   assert_no_sanitizer_reports
 }
 

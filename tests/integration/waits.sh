@@ -175,6 +175,13 @@ case_an_event_signalled_from_the_cli_or_sql_wakes_its_waiters_with_the_payload()
   start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
   local id
   for id in "$a" "$b" "$c"; do wait_for "task $id to wait" 30 is_waiting "$id"; done
+  # Only waits without a time are pending now: a claim finds nothing due and no time to look
+  # again, without an error (its probe for the next due row once subtracted now() from their
+  # run_after 'infinity', which PostgreSQL 15 refuses, and so failed every cycle).
+  assert_eq "a claim while only they are pending (rows|next due)" \
+    "$(q "select count(*) || '|' || coalesce(max(c.waited)::text, 'none')
+            from ${QT}_claim('probe', 5, 60, NULL, NULL, NULL, 0) c")" "1|none"
+  assert_eq "cycle errors in A's log" "$(grep -c 'infinite' "$T_TMP/A.log")" 0
   assert_eq "tasks woken by the CLI (tenant t1)" \
     "$("$LEASH" signal batch-7 --tenant t1 --payload '{"file":"out-7.jsonl"}')" 2
   wait_for "t1's waiters to be done" 30 q_true \

@@ -173,6 +173,67 @@ describe("summarize_chunks.lua fan-out and reduce", function()
   end)
 end)
 
+describe("summarize_chunks.lua document: a wait for its chunks", function()
+  local texts = { "one two three", "four five six", "seven eight nine" }
+
+  it("enqueues one child per text on shards of their own, then waits for them", function()
+    local h = new_store().attach(testing.load(SCRIPT))
+    local out = h:run({ payload = { doc = "d", texts = texts }, shard_key = "d" })
+    assert.same({ "wait", "waiting" }, { out.status, out.cause })
+    assert.same({ reason = "children", deadline = 3600, on_deadline = "retry" }, out.wait)
+    assert.equal(3, #h.enqueued)
+    for i, c in ipairs(h.enqueued) do
+      assert.same({ doc = "d", chunk = i, text = texts[i] }, c.payload)
+      assert.equal("d#" .. i, c.shard_key)
+    end
+  end)
+
+  it("resumed, reduces what its children stored and enqueues nothing again", function()
+    local store = new_store()
+    local h = store.attach(testing.load(SCRIPT))
+    local task = { payload = { doc = "d", texts = texts }, shard_key = "d" }
+    h:run(task)
+    for i, c in ipairs(h.enqueued) do
+      -- attempt 2: the stand-in fails chunk 3's first attempt (a simulated flaky upstream)
+      assert.equal("done", store.attach(testing.load(SCRIPT)):run({ payload = c.payload, attempt = 2 }).status, i)
+    end
+    h.waited = { reason = "children", expired = false,
+                 tasks = { { id = 2, status = "done" }, { id = 3, status = "done" },
+                           { id = 4, status = "done" } } }
+    local out = h:run(task)
+    assert.equal("done", out.status)
+    assert.same({ chunks = 3 }, out.result)
+    assert.equal("one two three\nfour five six\nseven eight nine", store.docs.d.summary)
+    assert.equal(3, #h.enqueued)   -- the fan-out step was given back, not run again
+  end)
+
+  it("is fatal when a child died, and waits once more past its deadline", function()
+    local h = new_store().attach(testing.load(SCRIPT))
+    local task = { payload = { doc = "d", texts = texts }, attempt = 1 }
+    h:run(task)
+    h.waited = { reason = "children", expired = false,
+                 tasks = { { id = 2, status = "done" }, { id = 3, status = "dead" } } }
+    local out = h:run(task)
+    assert.equal("dead", out.status)
+    assert.truthy(out.error:find("1 of 2 chunks failed", 1, true), out.error)
+    h.waited = { reason = "children", expired = true, tasks = { { id = 2, status = "pending" } } }
+    assert.equal("wait", h:run(task).status)
+    task.attempt = 2
+    out = h:run(task)
+    assert.equal("dead", out.status)
+    assert.truthy(out.error:find("within the wait's deadline twice", 1, true), out.error)
+  end)
+
+  it("refuses a bad texts list by class", function()
+    local h = new_store().attach(testing.load(SCRIPT))
+    for _, bad in ipairs({ {}, "text", { 1, 2 }, { "a", false } }) do
+      local out = h:run({ payload = { doc = "d", texts = bad } })
+      assert.equal("dead", out.status)
+      assert.truthy(out.error:find("payload.texts", 1, true), out.error)
+    end
+  end)
+end)
+
 describe("summarize_chunks.lua with an LLM endpoint", function()
   local URL = "http://127.0.0.1:9999/v1/chat/completions"
   local store, h, answers

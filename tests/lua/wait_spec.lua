@@ -1,5 +1,5 @@
 -- leash.testing's waits (issue #19, item 1): leash.wait's checks and outcome and
--- leash.waited under busted. The kit must say what the host does (sql/018_waits.sql);
+-- leash.waited under busted. The kit must say what the host does (sql/019_waits.sql);
 -- lifecycle.sh compares the two on real rows.
 local testing = require "leash.testing"
 

@@ -471,7 +471,7 @@ local function new_fake(h)
     return setmetatable({ kind = "wait", message = spec.message or "waiting", wait = w }, OUTCOME)
   end
   -- leash.waited(): what the spec set in h.waited ({reason, expired, tasks = {{id, status,
-  -- result}...}}), nil by default: the host reads it from the row (sql/018_waits.sql).
+  -- result}...}}), nil by default: the host reads it from the row (sql/019_waits.sql).
   function leash.waited()
     lost(h, "leash.waited")
     return h.waited
