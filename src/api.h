@@ -52,7 +52,7 @@ void api_budget_refused(lua_State *L, struct budget_call *bc, double wait_s, con
 /* lua_CFunction: leash.env(name); api_env.c. */
 int api_env(lua_State *L);
 
-/* lua_CFunction: pushes the llm table ({ batch = f }); api_llm.c (sql/020_llm_batch.sql). */
+/* lua_CFunction: pushes the llm table ({ batch = f }); api_llm.c (sql/022_llm_batch.sql). */
 int api_llm_open(lua_State *L);
 
 /* [-0, +1, v] Runs sql on a pooled connection for the running task (the lease checked after

@@ -1,6 +1,6 @@
 /*
  * api_llm: leash.llm.batch, a completion through a provider's batch interface (issue #19;
- * sql/020_llm_batch.sql, src/llm_batch.c). Only inside a leash.step: the step keeps the
+ * sql/022_llm_batch.sql, src/llm_batch.c). Only inside a leash.step: the step keeps the
  * answer, so an execution that got it never asks again. The first execution stores the
  * request as an item and ends waiting (sql/019's event wait on "llm:<item id>": no slot, no
  * lease, no attempt spent) until the fleet's batcher has the provider's answer; the next

@@ -1,5 +1,5 @@
 /*
- * llm_batch: the fleet's one batcher for leash.llm.batch (sql/020_llm_batch.sql,
+ * llm_batch: the fleet's one batcher for leash.llm.batch (sql/022_llm_batch.sql,
  * docs/ARCHITECTURE.md "Provider batches"). Every `leash run` starts this thread; it leads
  * while it holds a session advisory lock of the table's on its own connection, so exactly
  * one process of the fleet submits and polls, and when that process dies its session ends,

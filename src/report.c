@@ -439,7 +439,7 @@ static void print_text(const json_t *r, FILE *out)
     const char *model = json_string_value(json_object_get(u, "model"));
     json_t *cost = json_object_get(u, "cost"), *sync = json_object_get(u, "sync_cost");
     char line[600], costs[80] = "no price";
-    /* Provider batches (sql/020) keep what the calls would have cost synchronously. */
+    /* Provider batches (sql/022) keep what the calls would have cost synchronously. */
     if (json_is_number(cost) && json_is_number(sync))
       snprintf(costs, sizeof costs, "cost %.4f at batch prices (%.4f synchronously)",
                json_number_value(cost), json_number_value(sync));

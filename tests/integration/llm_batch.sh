@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Provider batch offload (issue #19, item 2; sql/020_llm_batch.sql, src/llm_batch.c,
+# Provider batch offload (issue #19, item 2; sql/022_llm_batch.sql, src/llm_batch.c,
 # src/api_llm.c, README "Provider batches"): leash.llm.batch inside a step stores an item and
 # ends the execution waiting; the fleet's one batcher sends items to the mock's batch API
 # (scripts/mock_llm.py), polls, writes the answers and wakes the tasks, whose next execution
@@ -67,7 +67,7 @@ case_five_tasks_go_through_one_openai_batch_and_are_done_with_the_sync_answer() 
       and (select count(*) = 5 from $IT where state = 'submitted')"
   assert_worker_exit A 120 0
   assert_no_sanitizer_reports
-  # Every pending row waiting without a time once broke the claim's next-due probe (020).
+  # Every pending row waiting without a time once broke the claim's next-due probe (fixed in 020).
   if log_has A "cycle failed"; then fail "a cycle failed while every task waited"; fi
   assert_eq "tasks (status|attempts)" \
     "$(q "select string_agg(distinct status || '|' || attempts, ',') from $QT")" "done|1"
