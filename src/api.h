@@ -64,8 +64,9 @@ struct pg_result *api_pool_exec(lua_State *L, const char *what, const char *sql,
 /* [-0, +0, -] Frees the result in the box at idx now. */
 void api_result_free(lua_State *L, int idx);
 
-/* [-0, +0, -] The name of the innermost leash.step the caller runs inside, or NULL. */
-const char *api_step_name(lua_State *L);
+/* [-0, +0, -] The name of the innermost leash.step the caller runs inside, or NULL; *seq
+   that run's number (a new one for every run of a step's function in the state; 0: none). */
+const char *api_step_name(lua_State *L, long long *seq);
 
 /* lua_CFunction: pushes the module table. */
 int api_leash_open(lua_State *L);

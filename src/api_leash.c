@@ -590,9 +590,10 @@ void api_result_free(lua_State *L, int idx)
 /* The innermost leash.step running below the caller: its frame is l_step's, and its first
    stack slot is the step's name (checked a string by l_step). Walking the stack rather than
    keeping a flag: a script's pcall around a failed step leaves nothing stale behind. */
-const char *api_step_name(lua_State *L)
+const char *api_step_name(lua_State *L, long long *seq)
 {
   lua_Debug ar;
+  *seq = 0;
   for (int level = 0; lua_getstack(L, level, &ar); level++) {
     lua_getinfo(L, "f", &ar);
     int is = lua_tocfunction(L, -1) == l_step;
@@ -600,6 +601,10 @@ const char *api_step_name(lua_State *L)
     if (is && lua_getlocal(L, &ar, 1)) {
       const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
       lua_pop(L, 1);   /* the string stays alive in l_step's frame */
+      if (lua_getlocal(L, &ar, 3)) {
+        *seq = lua_isinteger(L, -1) ? (long long)lua_tointeger(L, -1) : 0;
+        lua_pop(L, 1);
+      }
       return name;
     }
   }
@@ -656,6 +661,8 @@ static int l_step(lua_State *L)
   result_free(L, -1);
   lua_pop(L, 1);
 
+  /* Slot 3: this run of fn's number in the state (api_step_name reads it). */
+  lua_pushinteger(L, (lua_Integer)++taskctx_of(L)->step_seq);
   lua_pushvalue(L, 2);
   lua_call(L, 0, 1);                                                    /* stack: result */
   int res = lua_gettop(L);

@@ -82,11 +82,18 @@ static int l_batch(lua_State *L)
   if (fallback && lua_type(L, 6) != LUA_TFUNCTION)
     return luaL_error(L, "leash.llm.batch{...}: fallback must be a function (the "
                       "synchronous call), not %s", luaL_typename(L, 6));
-  const char *step = api_step_name(L);
+  long long seq;
+  const char *step = api_step_name(L, &seq);
   if (!step)
     return luaL_error(L, "leash.llm.batch: only inside leash.step (the step keeps the answer)");
   taskctx_check_live(L, "leash.llm.batch");
-  const struct task_ctx *ctx = taskctx_of(L);
+  struct task_ctx *ctx = taskctx_of(L);
+  /* The item is the step's: a second request in the same step would be answered with the
+     first's. */
+  if (seq != 0 && seq == ctx->llm_step_seq)
+    return luaL_error(L, "leash.llm.batch: one call per leash.step run (give each request a "
+                      "step of its own)");
+  ctx->llm_step_seq = seq;
   const struct script_host *h = ctx->host;
   if (h->replay)
     return luaL_error(L, "leash.llm.batch: not replayable (a recording holds no batch)");

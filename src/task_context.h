@@ -62,6 +62,8 @@ struct task_ctx {
   double stop_delay;            /* a yield's delay before the task runs again; < 0: none */
   char yield_msg[256];          /* a yield's reason (stop_reason points here) */
   char wait_spec[320];          /* a yield into a wait (taskctx_yield_wait): its spec; "" none */
+  long long step_seq;           /* runs of a leash.step function in this state, so far */
+  long long llm_step_seq;       /* the step run that called leash.llm.batch last (one each) */
   struct budget_hold *holds;    /* leash.budget.hold blocks open (api_budget.c); NULL: none */
   /* Told of each module require reads from a file (the version hashes the modules loaded
      with the script); NULL for none. */

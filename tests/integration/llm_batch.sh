@@ -307,8 +307,8 @@ case_anthropic_batches_answer_and_report_shows_the_cost_at_batch_prices_beside_s
 }
 
 # Bad calls, by class (unknown field, wrong provider, request not an object, tries and
-# deadline out of range or of the wrong type, fallback not a function, outside a step): a
-# script error naming the problem, and nothing stored.
+# deadline out of range or of the wrong type, fallback not a function, outside a step, two
+# in one step): a script error naming the problem, and nothing stored.
 case_bad_calls_to_leash_llm_batch_are_script_errors_naming_the_problem() {
   lb_setup
   local specs=(
@@ -342,6 +342,18 @@ case_bad_calls_to_leash_llm_batch_are_script_errors_naming_the_problem() {
   assert_contains "outside a step" "$(q "select split_part(last_error, E'\n', 1) from $QT where id = $outside")" \
     "leash.llm.batch: only inside leash.step"
   assert_eq "items stored" "$(q "select count(*) from $IT")" 0
+  # Two requests in one step: the first waits and is answered (by hand here); then the
+  # second is refused, since the step's one item holds the first's answer.
+  local twice
+  twice=$("$LEASH" enqueue --max-attempts 1 '{"n": 1, "twice": true}')
+  start_worker B "$AFIX" --concurrency 1 --poll-ms 10-50 --llm-batch-off
+  wait_for "the first call to wait" 60 q_true "select count(*) = 1 from $IT where task_id = $twice"
+  q "update $IT set state = 'done', answer = '{\"choices\": []}' where task_id = $twice;
+     select ${QT}_signal('llm:' || id) from $IT where task_id = $twice" >/dev/null
+  wait_for "the task to be dead" 60 q_true "select status = 'dead' from $QT where id = $twice"
+  assert_contains "two calls in one step" "$(q "select split_part(last_error, E'\n', 1) from $QT where id = $twice")" \
+    "leash.llm.batch: one call per leash.step run"
+  stop_workers B
 }
 
 # The grading example's --batch-api mode (scripts/grade_ticket.lua, payload batch_api): 300

@@ -72,6 +72,13 @@ describe("leash.testing llm.batch", function()
     end
     local out = script("return leash.ok(leash.llm.batch{ provider = 'openai', request = {} })"):run()
     assert.truthy(out.error:find("only inside leash.step", 1, true), out.error)
+    local h = script([[return leash.step("two", function()
+      local a = leash.llm.batch{ provider = "openai", request = { model = "a" } }
+      return { a, leash.llm.batch{ provider = "openai", request = { model = "b" } } }
+    end)]])
+    h.llm_batch = function() return { ok = true } end
+    out = h:run()
+    assert.truthy(out.error:find("one call per leash.step run", 1, true), out.error)
   end)
 end)
 

@@ -550,11 +550,16 @@ local function new_fake(h)
       if spec.fallback ~= nil and type(spec.fallback) ~= "function" then
         llm_spec_error("fallback must be a function (the synchronous call), not " .. type(spec.fallback))
       end
-      local step = h.step_stack[#h.step_stack]
-      if not step then
+      local run = h.step_stack[#h.step_stack]
+      if not run then
         error("leash.llm.batch: only inside leash.step (the step keeps the answer)", 2)
       end
       lost(h, "leash.llm.batch")
+      if run.llm then
+        error("leash.llm.batch: one call per leash.step run (give each request a step of its own)", 2)
+      end
+      run.llm = true
+      local step = run.name
       local ok, text = pcall(json_encode, spec.request)
       if not ok then error("leash.llm.batch{...}: request cannot be sent as JSON: " .. text, 2) end
       if text:sub(1, 1) ~= "{" then llm_spec_error("request must be a JSON object, not a list") end
@@ -643,7 +648,7 @@ local function new_fake(h)
     local stored = h.steps[name]
     if stored ~= nil then return stored.value end
     h.step_runs[name] = (h.step_runs[name] or 0) + 1
-    h.step_stack[#h.step_stack + 1] = name   -- leash.llm.batch asks which step it is in
+    h.step_stack[#h.step_stack + 1] = { name = name }   -- leash.llm.batch: which step run
     local ok, v = pcall(fn)
     h.step_stack[#h.step_stack] = nil
     if not ok then error(v, 0) end
