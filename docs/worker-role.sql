@@ -27,6 +27,12 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON agent_work_queue_signals TO leash_worker
 -- verdict writes it and the attempts it gives back.
 GRANT SELECT, UPDATE ON agent_work_queue_canaries TO leash_worker;
 GRANT SELECT, INSERT ON agent_work_queue_canary_givebacks TO leash_worker;
+-- Provider batches (022): leash.llm.batch writes items; the fleet's batcher (any worker)
+-- writes batches, answers items and adds their usage and spend (granted above).
+GRANT SELECT, INSERT, UPDATE ON agent_work_queue_llm_items TO leash_worker;
+GRANT USAGE ON SEQUENCE agent_work_queue_llm_items_id_seq TO leash_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON agent_work_queue_llm_batches TO leash_worker;
+GRANT USAGE ON SEQUENCE agent_work_queue_llm_batches_id_seq TO leash_worker;
 -- An application role that only enqueues (docs/enqueue-from-apps.md) needs SELECT, INSERT on
 -- the table and USAGE on its id sequence; <table>_enqueue and _enqueue_many run as it.
 -- `leash cancel` and `leash release` need UPDATE (granted above) and run as any of these.
@@ -37,6 +43,8 @@ GRANT SELECT, INSERT ON agent_work_queue_canary_givebacks TO leash_worker;
 -- _hold, _unhold, _holds_expire, _heads_park, 014's _budget_grant, _budget_settle,
 -- _budget_pause, _budget_resume, _spend_add, _spend_cap, 018's _canary_poll, _canary_numbers,
 -- _canary_give_back, _canary_z, 019's _wait_wakes_at, _wait_lock_key, _wait_wake, _wait_expire,
--- _wait_event_lock, _wait_events, _signal) are SECURITY INVOKER and
+-- _wait_event_lock, _wait_events, _signal, 022's _llm_jsonb, _llm_item, _llm_batch_open,
+-- _llm_batch_submitted, _llm_batch_abandon, _llm_batch_recover, _llm_batch_status,
+-- _llm_batch_end) are SECURITY INVOKER and
 -- executable by PUBLIC by default; with REVOKE EXECUTE … FROM PUBLIC, grant EXECUTE on them.
 -- Whatever the scripts' own leash.db.query statements touch is granted separately.

@@ -12,11 +12,15 @@
 #
 #   scripts/demo.sh                    # 3,000 tickets
 #   LEASH_DEMO_TICKETS=500 scripts/demo.sh
+#   scripts/demo.sh --batch-api        # graded through the mock's OpenAI Batch API instead
+#                                      # (README "Provider batches"; LEASH_DEMO_BATCH_API=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TICKETS=${LEASH_DEMO_TICKETS:-3000}
 SLOTS=${LEASH_DEMO_SLOTS:-24}
+BATCH_API=${LEASH_DEMO_BATCH_API:-0}
+[[ ${1:-} == --batch-api ]] && BATCH_API=1
 
 # shellcheck source=scripts/deps.sh
 source scripts/deps.sh
@@ -44,7 +48,7 @@ DATABASE_URL=$(scripts/pg.sh newdb leash_demo)
 export DATABASE_URL
 
 python3 scripts/mock_llm.py --port 0 --latency-ms 20-120 --rpm 1200 --rate-500 0.02 \
-  --rate-malformed 0.01 --faults-max-per-prompt 2 --seed 7 --idle-exit 300 \
+  --rate-malformed 0.01 --faults-max-per-prompt 2 --seed 7 --idle-exit 300 --batch-delay-s 5 \
   >"$work/mock.out" 2>"$work/mock.log" &
 pids+=($!)
 for _ in $(seq 1 100); do
@@ -54,6 +58,10 @@ done
 port=$(sed -n 's/^PORT //p' "$work/mock.out")
 [[ -n $port ]] || { echo "demo: the mock LLM did not start" >&2; cat "$work/mock.log" >&2; exit 1; }
 llm_url="http://127.0.0.1:$port/v1/chat/completions"
+batch_flags=()
+if [[ $BATCH_API == 1 ]]; then
+  batch_flags=(--llm-batch-url "openai=http://127.0.0.1:$port" --llm-batch-age 2 --llm-batch-poll 1)
+fi
 echo "mock LLM at $llm_url"
 
 printf '\n==> leash migrate, and %d generated tickets\n' "$TICKETS"
@@ -79,9 +87,18 @@ $LEASH budget set llm --rpm 1200
 
 BATCH="nightly-$(date +%F)"
 printf '\n==> enqueueing one grading task per ticket as batch %s\n' "$BATCH"
-psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -v url="$llm_url" -f - <<'SQL' |
+if [[ $BATCH_API == 1 ]]; then
+  printf '    (--batch-api: each task asks through the provider batch path; a price for the
+'
+  printf '    model, so the report shows the batch cost beside the synchronous one)
+'
+  psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -c \
+    "INSERT INTO agent_work_queue_prices (model, input_per_mtok, output_per_mtok) VALUES ('mock-grader', 0.15, 0.6)"
+fi
+psql -X -A -t -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -v url="$llm_url" -v batch_api="$BATCH_API" -f - <<'SQL' |
 SELECT json_build_object('payload', json_build_object('ticket_id', id, 'llm_url', :'url',
-                                                      'budget', 'llm'))
+                                                      'budget', 'llm',
+                                                      'batch_api', :'batch_api' = '1'))
   FROM tickets ORDER BY id;
 SQL
   $LEASH enqueue --file - --batch "$BATCH" --tenant support --budget llm
@@ -89,7 +106,7 @@ SQL
 printf '\n==> two workers, %d slots each, until the batch has settled\n' "$SLOTS"
 for w in 1 2; do
   $LEASH run scripts/grade_ticket.lua --concurrency "$SLOTS" --batch "$BATCH" --until-empty \
-    --worker-id "grader-$w" --log-level warn >"$work/worker-$w.out" 2>"$work/worker-$w.log" &
+    --worker-id "grader-$w" --log-level warn "${batch_flags[@]}" >"$work/worker-$w.out" 2>"$work/worker-$w.log" &
   pids+=($!)
 done
 $LEASH status --watch --interval 1 --batch "$BATCH" --until-empty

@@ -2,6 +2,7 @@
 
 Payload:  { "ticket_id": 42, "llm_url": "http://127.0.0.1:8089/v1/chat/completions",
             "model": "grader-1" }          -- llm_url and model are optional
+          "batch_api": true                 -- the --batch-api mode (below)
 Reads:    tickets (id bigint PRIMARY KEY, subject text, body text)
 Writes:   ticket_grades (ticket_id bigint PRIMARY KEY, grade int NOT NULL, reason text,
                          graded_by text, graded_at timestamptz NOT NULL DEFAULT now())
@@ -16,6 +17,17 @@ Outcomes:
          error, or a model answer that is not a JSON object with an integer grade 1..5;
   dead   the ticket does not exist, the payload is wrong, the endpoint refuses the request
          (4xx), or the model's answer is still unusable on the 3rd attempt.
+
+The --batch-api mode (payload "batch_api": true): the grade is asked through the provider's
+batch interface at about half the price (leash.llm.batch, README "Provider batches"). The
+task's first execution stores the request and ends waiting, holding no slot and no lease;
+the fleet's batcher (any `leash run`, with --llm-batch-url openai=BASE when not the public
+API) sends the requests of all tasks in provider batches, and the task's next execution
+gets its answer and writes the grade. llm_url and budget are not used in this mode.
+
+    leash enqueue --batch nightly-$(date +%F) '{"ticket_id": 42, "batch_api": true}'
+    leash run scripts/grade_ticket.lua --concurrency 4 --until-empty \
+      --llm-batch-url openai=http://127.0.0.1:8089
 
 Paying once: the LLM call runs inside leash.step("grade"). A step stores what its function
 returns, so the function returns only a good, validated answer and raises otherwise (see
@@ -72,12 +84,22 @@ local function handle(task)
 
   -- The paid call. Inside the step: only a validated answer is returned (and stored);
   -- everything else raises an llm.failure, which llm.call hands back as (false, failure).
+  if p.batch_api ~= nil and type(p.batch_api) ~= "boolean" then
+    return leash.fatal("payload.batch_api must be true or false")
+  end
   local ok, answer = llm.call(function()
     return leash.step("grade", function()
-      local v, usage = llm.chat_json(url, {
+      local messages = {
         { role = "system", content = SYSTEM },
         { role = "user", content = "Ticket #" .. id .. "\nSubject: " .. subject .. "\n\n" .. body },
-      }, { model = model, budget = p.budget, tokens = p.budget and 600 })
+      }
+      local v, usage
+      if p.batch_api then
+        v, usage = llm.batch_chat_json(messages, { model = model })
+      else
+        v, usage = llm.chat_json(url, messages,
+                                 { model = model, budget = p.budget, tokens = p.budget and 600 })
+      end
       local grade, why = check_answer(v)
       if not grade then error(llm.failure("malformed", "model answer unusable: " .. why)) end
       return { grade = grade, reason = v.reason or "", model = model,

@@ -5,6 +5,7 @@ Python 3 standard library only. Binds 127.0.0.1; prints `PORT <n>` as its first 
 
     scripts/mock_llm.py --port 0 --rate-429 0.1 --rate-500 0.05 --rate-malformed 0.05 --seed 7
     scripts/mock_llm.py --port 0 --rpm 300 --tpm 100000 --outage 120+600 --outage-retry-after 60
+    scripts/mock_llm.py --port 0 --batch-delay-s 30 --batch-fail-rate 0.1 --seed 3
 
 Endpoints
   POST /v1/chat/completions  (OpenAI) {model, messages: [{role, content}]}
@@ -84,20 +85,130 @@ Markers in a prompt force an answer whatever the rates (and do not count against
 "[mock:malformed]" always gets non-JSON content, "[mock:bad-grade]" gets {"grade": 9, …},
 "[mock:500]" always gets a 500.
 
+Provider batches (OpenAI's Files + Batch API, Anthropic's Message Batches)
+  Shaped like the real ones; each item answers exactly what the synchronous endpoint answers
+  for its body (content, id, usage and token counts), so a client can compare the two.
+  None of them passes the --rpm/--tpm limits, the outages or the --rate-* faults (providers
+  limit batches apart; --batch-refuse below is their own fault), and their usage is counted
+  in "batches" of /stats, not in "tokens".
+
+  OpenAI
+  POST /v1/files             multipart/form-data, fields purpose=batch and file (JSONL, one
+       request a line: {"custom_id", "method": "POST", "url": "/v1/chat/completions",
+       "body": {...a chat request...}}; blank lines are skipped; other fields are ignored)
+       -> {"id": "file-<hex>", "object": "file", "bytes", "created_at", "filename",
+           "purpose": "batch", "status": "processed", "status_details": null}
+       400 (OpenAI's error shape, the line named) for a body that is not well-formed
+       multipart, a purpose other than batch, no file field, a file that is not UTF-8 or
+       holds no request, a line that is not a JSON object, a custom_id that is not a
+       non-empty string or is used twice, a method other than POST, another url, a body
+       that is not an object. A 400 keeps nothing. Bodies (of every endpoint) may come by
+       Content-Length or chunked, after "Expect: 100-continue" or not, as libcurl sends them.
+  POST /v1/batches           {"input_file_id", "endpoint": "/v1/chat/completions",
+       "completion_window": "24h", "metadata"?: up to 16 string pairs} (other keys: 400;
+       an unknown file or one that is not purpose=batch: 400)
+       -> the batch: {"id": "batch_<hex>", "object": "batch", "endpoint", "errors",
+          "input_file_id", "completion_window", "status", "output_file_id", "error_file_id",
+          "created_at", "in_progress_at", "expires_at" (created_at + 24 h), "finalizing_at",
+          "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+          "request_counts": {"total", "completed", "failed"}, "metadata"} (unix seconds)
+  GET  /v1/batches/{id}      -> the batch now; GET /v1/batches lists them, newest first.
+       status: validating for the first 10 % of the delay, in_progress to 90 % (items are
+       done one after another, in file order, and counted as they are), finalizing, then
+       completed at the delay. Also: "expired" (--batch-expire), "cancelling" then
+       "cancelled" (below), and "failed" at the end of validating when the file's requests
+       name more than one model (errors: {"object": "list", "data": [{"code":
+       "mismatched_model", "param": "body.model", "line", "message"}]}; no files, counts 0).
+       Once ended, request_counts.completed is the items answered 200 and failed all the
+       others (failed, invalid, expired, cancelled): total = completed + failed.
+  GET  /v1/files/{id}/content -> the file's bytes (GET /v1/files/{id}: its object).
+       output_file_id (null when no item succeeded) holds a line per answered item:
+         {"id": "batch_req_<hex>", "custom_id", "response": {"status_code": 200,
+          "request_id": "req_<hex>", "body": <the chat completion>}, "error": null}
+       error_file_id (null when none) holds the others:
+         failed:  "response": {"status_code": 500, "request_id", "body": {"error":
+                  {"message", "type": "server_error", "param": null, "code": null}}}
+         invalid: the same with 400 and "invalid_request_error" (a body the synchronous
+                  endpoint would refuse, e.g. no messages; decided per item, as the real one)
+         expired: "response": null, "error": {"code": "batch_expired", "message"}
+         cancelled: "response": null, "error": {"code": "batch_cancelled", "message"}
+       Lines keep the input file's order, unless --batch-shuffle (below).
+  POST /v1/batches/{id}/cancel -> the batch, "cancelling"; it is "cancelled" min(1 s,
+       delay / 10) later. Items done before the cancel keep their answers; the rest are
+       cancelled. Again while cancelling: the same answer; once ended: 409.
+
+  Anthropic
+  POST /v1/messages/batches  {"requests": [{"custom_id", "params": {...a /v1/messages
+       request...}}]} (custom_id 1-64 of a-z A-Z 0-9 _ -, unique; anything else in the
+       body or a request: 400 in Anthropic's shape, nothing kept)
+       -> {"id": "msgbatch_<hex>", "type": "message_batch", "processing_status":
+           "in_progress", "request_counts": {"processing", "succeeded", "errored",
+           "canceled", "expired"}, "ended_at": null, "created_at", "expires_at",
+           "archived_at": null, "cancel_initiated_at": null, "results_url": null}
+           (times in RFC 3339 with microseconds, as Anthropic writes them)
+  GET  /v1/messages/batches/{id} -> processing_status "ended" after the delay, ended_at and
+       results_url = http://127.0.0.1:<port>/v1/messages/batches/{id}/results; counts
+       move from processing as items are done. GET /v1/messages/batches lists them.
+  GET  /v1/messages/batches/{id}/results -> JSONL in request order unless --batch-shuffle
+       (the real one promises no order; match on custom_id): {"custom_id", "result": R}:
+         {"type": "succeeded", "message": <the message /v1/messages gives>}
+         {"type": "errored", "error": {"type": "error", "error": {"type": "api_error"
+          (failed) | "invalid_request_error" (params /v1/messages would refuse), "message"}}}
+         {"type": "expired"}, {"type": "canceled"}
+       Before the end: 409.
+  POST /v1/messages/batches/{id}/cancel -> "canceling", then "ended" as OpenAI's above.
+  Unknown ids (or the other provider's): 404 in the endpoint's shape.
+
+  Knobs, for batches created after they are set (one under way keeps its own):
+  --batch-delay-s S (default 2; 0 ends a batch at once): creation to the end.
+  --batch-fail-rate F (default 0): the share of items that fail, drawn by a hash of (seed,
+       custom_id, how many times that custom_id was in a batch of that provider before):
+       the same items fail on every run with the same seed, and an item sent again in a
+       new batch draws again, so a per-item retry can succeed.
+  --batch-expire: batches expire at the delay instead of completing; --batch-expire-done F
+       (default 0.5): the first floor(F * items) in order are done first, the rest expire.
+  POST /_control takes batch_delay_s, batch_fail_rate, batch_expire (true/false),
+       batch_expire_done, batch_shuffle, batch_refuse and batch_refuse_status, all or
+       nothing as the other keys.
+  --batch-shuffle (or "batch_shuffle": true): the lines of output and error files and of
+       results come in an order of their own (a hash of seed, batch id and custom_id), as
+       neither provider promises an order: proves that a client matches on custom_id.
+  --batch-refuse N (or "batch_refuse": N in /_control): the next N requests to any batch
+       endpoint (uploads, creates, GETs, cancels, results; either provider) are refused
+       with --batch-refuse-status (or "batch_refuse_status") 500 (default), 429 or 503 (the
+       last two with retry-after: 1), in the endpoint's error shape, and change nothing:
+       a client's retries of submission and polling can be tested. The only fault that
+       batch endpoints ever get.
+  Markers work in batch items too: "[mock:500]" fails the item, "[mock:malformed]" gives it
+  non-JSON content.
+
+  /stats "batches": {"created", "completed", "expired", "cancelled", "failed" (at
+  validation), "items" (at creation), "items_succeeded", "items_failed" (failed and invalid),
+  "items_expired", "items_cancelled" (counted when a batch ends), "live" (not ended yet),
+  "files" (kept), "refused" (by --batch-refuse), "tokens": {"prompt", "completion",
+  "total"} (of succeeded items), "by_provider": {"openai": {the counts above from "created"
+  to "items_cancelled", and "tokens"}, "anthropic": {...}}, "settings": {the knobs now;
+  batch_refuse is the refusals left}}. Batch requests are counted under "requests" and
+  "answers" by path, ids replaced by {id}: "/v1/batches/{id}", "/v1/files/{id}/content", ...
+  A batch moves on when anything looks at it (a GET, /stats, or the watchdog every 0.2 s).
+
 Lifetime: exits after --max-requests N requests (0 = no bound), and by itself after
 --idle-exit S seconds without a request (default 600), so a forgotten mock never lingers.
 """
 
 import argparse
 import collections
+import email.message
 import email.utils
 import hashlib
 import json
 import math
 import random
+import re
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CHAT = "/v1/chat/completions"
@@ -138,6 +249,16 @@ def count(text):
     if n < 0:
         raise argparse.ArgumentTypeError("want a whole number >= 0")
     return n
+
+
+def delay_seconds(text):
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("want a number of seconds")
+    if not math.isfinite(f) or f < 0:
+        raise argparse.ArgumentTypeError("want a number of seconds >= 0")
+    return f
 
 
 def seconds(text):
@@ -277,6 +398,7 @@ class Mock:
         self.usage = {"prompt": 0, "completion": 0, "total": 0}
         self.charged = 0
         self.minutes = {}             # whole minute since start -> figures
+        self.batches = Batches(args)
 
     def begin(self):
         with self.lock:
@@ -354,7 +476,9 @@ class Mock:
         """Applies a /_control request (all or nothing); returns an error text or None."""
         if not isinstance(req, dict):
             return "want a JSON object"
-        known = {"outage_s", "retry_after", "status", "paths", "rpm", "tpm", "retry_after_format"}
+        known = {"outage_s", "retry_after", "status", "paths", "rpm", "tpm", "retry_after_format",
+                 "batch_delay_s", "batch_fail_rate", "batch_expire", "batch_expire_done",
+                 "batch_refuse", "batch_refuse_status", "batch_shuffle"}
         bad = sorted(set(req) - known)
         if bad:
             return "unknown keys: " + ", ".join(bad)
@@ -370,8 +494,24 @@ class Mock:
             ra = number("retry_after", 0) if "retry_after" in req else None
             rpm = number("rpm", 0, True) if "rpm" in req else None
             tpm = number("tpm", 0, True) if "tpm" in req else None
+            bdelay = number("batch_delay_s", 0) if "batch_delay_s" in req else None
+            brate = number("batch_fail_rate", 0) if "batch_fail_rate" in req else None
+            bdone = number("batch_expire_done", 0) if "batch_expire_done" in req else None
+            brefuse = number("batch_refuse", 0, True) if "batch_refuse" in req else None
         except ValueError as e:
             return str(e)
+        for k, v in (("batch_fail_rate", brate), ("batch_expire_done", bdone)):
+            if v is not None and v > 1:
+                return "%s must be a fraction between 0 and 1" % k
+        bstatus = req.get("batch_refuse_status")
+        if bstatus is not None and (isinstance(bstatus, bool) or bstatus not in (429, 500, 503)):
+            return "batch_refuse_status must be 429, 500 or 503"
+        bexpire = req.get("batch_expire")
+        if bexpire is not None and not isinstance(bexpire, bool):
+            return "batch_expire must be true or false"
+        bshuffle = req.get("batch_shuffle")
+        if bshuffle is not None and not isinstance(bshuffle, bool):
+            return "batch_shuffle must be true or false"
         status = req.get("status")
         if status is not None and status not in (429, 503):
             return "status must be 429 or 503"
@@ -405,6 +545,16 @@ class Mock:
                 self.limiter.tpm = tpm
             if fmt is not None:
                 self.retry_after_format = fmt
+            # Batches take these when they are created; those under way keep their own.
+            for k, v in (("batch_delay_s", bdelay), ("batch_fail_rate", brate),
+                         ("batch_expire", bexpire), ("batch_expire_done", bdone),
+                         ("batch_shuffle", bshuffle)):
+                if v is not None:
+                    self.batches.settings[k] = v
+            if brefuse is not None:
+                self.batches.refuse = brefuse
+            if bstatus is not None:
+                self.batches.refuse_status = bstatus
         return None
 
     def decide(self, path, key, can_malform):
@@ -435,6 +585,7 @@ class Mock:
         with self.lock:
             now = time.monotonic()
             self.limiter.expire(now)
+            self.batches.advance(now)
             left = self.outage_left(now)
             return {"requests": dict(self.requests),
                     "answers": {p: dict(v) for p, v in self.answers.items()},
@@ -455,6 +606,7 @@ class Mock:
                                "retry_after": self.outage_retry_after,
                                "paths": sorted(self.outage_paths)},
                     "retry_after_format": self.retry_after_format,
+                    "batches": self.batches.snapshot(),
                     "uptime_s": round(now - self.started, 3),
                     "per_minute": [dict(self.minutes[k]) for k in sorted(self.minutes)]}
 
@@ -500,6 +652,470 @@ def anthropic_text(content):
     return None
 
 
+# ------------------------------------------------------------------ provider batches
+# OpenAI's Files + Batch API and Anthropic's Message Batches. A batch is decided whole when
+# it is created (every item's answer, failure or invalidity, and when each item is done), and
+# read off the clock afterwards: whoever looks (a GET, /stats, the watchdog) first moves it
+# on to where its times say it is. Nothing here passes the limits, outages or faults of the
+# synchronous endpoints: providers limit batches separately.
+
+OPENAI = "openai"
+ANTHROPIC = "anthropic"
+FILES = "/v1/files"
+BATCHES = "/v1/batches"
+MSG_BATCHES = "/v1/messages/batches"
+MAX_UPLOAD = 64 * 1024 * 1024
+DAY = 24 * 3600
+# Anthropic's custom_id rule; OpenAI takes any non-empty string.
+ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+OPENAI_BATCH_KEYS = {"input_file_id", "endpoint", "completion_window", "metadata"}
+
+# The routes with an id in them, by the template their requests are counted under.
+ROUTES = [
+    (re.compile(r"^/v1/files/([^/]+)/content$"), "/v1/files/{id}/content"),
+    (re.compile(r"^/v1/files/([^/]+)$"), "/v1/files/{id}"),
+    (re.compile(r"^/v1/batches/([^/]+)/cancel$"), "/v1/batches/{id}/cancel"),
+    (re.compile(r"^/v1/batches/([^/]+)$"), "/v1/batches/{id}"),
+    (re.compile(r"^/v1/messages/batches/([^/]+)/results$"), "/v1/messages/batches/{id}/results"),
+    (re.compile(r"^/v1/messages/batches/([^/]+)/cancel$"), "/v1/messages/batches/{id}/cancel"),
+    (re.compile(r"^/v1/messages/batches/([^/]+)$"), "/v1/messages/batches/{id}"),
+]
+
+
+def route(path):
+    """(the path requests are counted under, the id in it or None)."""
+    for rx, template in ROUTES:
+        m = rx.match(path)
+        if m:
+            return template, urllib.parse.unquote(m.group(1))
+    return path, None
+
+
+def iso_micro(epoch):
+    """RFC 3339 with microseconds, as Anthropic writes its batch times."""
+    whole = int(epoch)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + \
+        ".%06dZ" % int(round((epoch - whole) * 1e6) % 1000000)
+
+
+def parse_multipart(ctype, raw):
+    """{field name: (filename or None, bytes)} of a multipart/form-data body; ValueError
+    when it is not a well-formed one."""
+    m = email.message.Message()
+    m["content-type"] = ctype or ""
+    if m.get_content_type() != "multipart/form-data":
+        raise ValueError("want Content-Type multipart/form-data")
+    boundary = m.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary:
+        raise ValueError("the multipart Content-Type has no boundary")
+    segs = (b"\r\n" + raw).split(b"\r\n--" + boundary.encode("latin-1"))
+    if len(segs) < 3 or segs[0].strip():
+        raise ValueError("the body is not multipart with that boundary")
+    if not segs[-1].startswith(b"--"):
+        raise ValueError("the multipart body has no closing boundary")
+    fields = {}
+    for seg in segs[1:-1]:
+        if not seg.startswith(b"\r\n"):
+            raise ValueError("a multipart boundary is not followed by a line break")
+        head, sep, content = seg[2:].partition(b"\r\n\r\n")
+        if not sep:
+            raise ValueError("a multipart part has no blank line after its headers")
+        part = email.message.Message()
+        for line in head.decode("latin-1").split("\r\n"):
+            name, colon, value = line.partition(":")
+            if not colon or not name.strip():
+                raise ValueError("a multipart part has a bad header line")
+            part[name.strip()] = value.strip()
+        if part.get_content_disposition() != "form-data":
+            raise ValueError("a multipart part is not form-data")
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str) or not name:
+            raise ValueError("a multipart part has no name")
+        if name in fields:
+            raise ValueError("the field %r is given twice" % name)
+        fields[name] = (part.get_filename(), content)
+    return fields
+
+
+def openai_lines(data):
+    """The requests of a batch input file: [(line number, custom_id, body)], or ValueError
+    naming the first bad line. Blank lines are skipped."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8")
+    out, seen = [], set()
+    for no, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise ValueError("line %d is not JSON" % no)
+        if not isinstance(obj, dict):
+            raise ValueError("line %d is not a JSON object" % no)
+        cid = obj.get("custom_id")
+        if not isinstance(cid, str) or not cid:
+            raise ValueError("line %d: custom_id must be a non-empty string" % no)
+        if cid in seen:
+            raise ValueError("line %d: custom_id %s is used twice in the file" % (no, json.dumps(cid)))
+        seen.add(cid)
+        if obj.get("method") != "POST":
+            raise ValueError("line %d: method must be POST" % no)
+        if obj.get("url") != CHAT:
+            raise ValueError("line %d: url must be %s" % (no, CHAT))
+        if not isinstance(obj.get("body"), dict):
+            raise ValueError("line %d: body must be a JSON object" % no)
+        out.append((no, cid, obj["body"]))
+    if not out:
+        raise ValueError("the file holds no requests")
+    return out
+
+
+class Batches:
+    """Every file and batch of both providers. Not locked: the Mock's lock covers it."""
+
+    def __init__(self, args):
+        self.seed = args.seed
+        self.settings = {"batch_delay_s": args.batch_delay_s,
+                         "batch_fail_rate": args.batch_fail_rate,
+                         "batch_expire": args.batch_expire,
+                         "batch_expire_done": args.batch_expire_done,
+                         "batch_shuffle": args.batch_shuffle}
+        self.files = {}          # id -> {"meta": file object, "data": bytes}
+        self.batches = {}        # id -> batch (both providers; the id prefixes differ)
+        self.live = []           # batches not ended yet, oldest first
+        self.made = 0            # ids handed out
+        self.submitted = {}      # (provider, custom_id) -> times in a batch before
+        self.port = 0
+        self.refuse = args.batch_refuse          # the next N batch requests get refuse_status
+        self.refuse_status = args.batch_refuse_status
+        self.refused = 0
+        zero = {k: 0 for k in ("created", "completed", "expired", "cancelled", "failed",
+                               "items", "items_succeeded", "items_failed", "items_expired",
+                               "items_cancelled")}
+        self.counts = {OPENAI: dict(zero), ANTHROPIC: dict(zero)}
+        self.usage = {OPENAI: {"prompt": 0, "completion": 0}, ANTHROPIC: {"prompt": 0, "completion": 0}}
+
+    def new_id(self, prefix):
+        self.made += 1
+        return prefix + digest(self.seed, "batch-id", self.made).hex()[:24]
+
+    # -------------------------------------------------------------- files
+    def add_file(self, data, purpose, filename):
+        fid = self.new_id("file-")
+        meta = {"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()),
+                "filename": filename, "purpose": purpose, "status": "processed",
+                "status_details": None}
+        self.files[fid] = {"meta": meta, "data": data}
+        return meta
+
+    # -------------------------------------------------------------- items
+    def decide(self, provider, cid, parsed, err, req, settings):
+        """One item's fate, decided at creation: ("ok", answer body, prompt tokens, completion
+        tokens), ("fail", message) or ("invalid", message)."""
+        k = self.submitted.get((provider, cid), 0)
+        self.submitted[(provider, cid)] = k + 1
+        if err:
+            return ("invalid", err)
+        prompt, last = parsed
+        low = prompt.lower()
+        u = random.Random(digest(self.seed, "batch-item", cid, k)).random()
+        if "[mock:500]" in low or u < settings["batch_fail_rate"]:
+            return ("fail", "internal error (mock batch item)")
+        content = chat_content(prompt, last)
+        if "[mock:malformed]" in low:
+            content = "Sure! Here is the grade you asked for: %d" % (1 + digest(prompt)[0] % 5)
+        reply = (chat_reply if provider == OPENAI else messages_reply)(req, prompt, content)
+        return ("ok", reply, tokens(prompt), tokens(content))
+
+    def create(self, provider, bid, items, extra):
+        """items: [(custom_id, fate)]. Returns the batch."""
+        now, wall = time.monotonic(), time.time()
+        st = dict(self.settings)
+        d = float(st["batch_delay_s"])
+        n = len(items)
+        keep = math.floor(st["batch_expire_done"] * n) if st["batch_expire"] else n
+        # Items are done one after another across the middle 80 % of the delay; under expiry
+        # only the first `keep` of them ever are.
+        done = [now + 0.1 * d + 0.8 * d * (i + 1) / n if i < keep else math.inf
+                for i in range(n)]
+        b = {"provider": provider, "id": bid, "t0": now, "wall0": wall, "delay": d,
+             "settings": st, "items": items, "done_at": done, "cancel_at": None,
+             "end": None, "end_at": None, "results": None, "out_counts": None}
+        b.update(extra)
+        self.batches[bid] = b
+        self.live.append(b)
+        c = self.counts[provider]
+        c["created"] += 1
+        c["items"] += n
+        return b
+
+    def wall(self, b, mono):
+        return b["wall0"] + (mono - b["t0"])
+
+    def cancel_s(self, b):
+        return min(1.0, b["delay"] / 10)
+
+    def end_time(self, b):
+        """(when, how) this batch ends as things stand."""
+        if b["cancel_at"] is not None:
+            return b["cancel_at"] + self.cancel_s(b), "cancelled"
+        if b.get("invalid"):
+            return b["t0"] + 0.1 * b["delay"], "failed"
+        return b["t0"] + b["delay"], "expired" if b["settings"]["batch_expire"] else "completed"
+
+    def advance(self, now):
+        """Ends every batch whose end time has passed."""
+        still = []
+        for b in self.live:
+            at, how = self.end_time(b)
+            if at <= now:
+                self.finish(b, at, how)
+            else:
+                still.append(b)
+        self.live = still
+
+    def finish(self, b, at, how):
+        b["end"], b["end_at"] = how, at
+        fates = []
+        for (cid, fate), done in zip(b["items"], b["done_at"]):
+            if how == "failed":
+                fates.append((cid, ("not_run",)))
+            elif how == "cancelled" and done > b["cancel_at"]:
+                fates.append((cid, ("cancelled",)))
+            elif done == math.inf:
+                fates.append((cid, ("expired",)))
+            else:
+                fates.append((cid, fate))
+        c, u = self.counts[b["provider"]], self.usage[b["provider"]]
+        c[how] += 1
+        tally = {"ok": 0, "fail": 0, "expired": 0, "cancelled": 0}
+        for _, f in fates:
+            if f[0] == "ok":
+                tally["ok"] += 1
+                u["prompt"] += f[2]
+                u["completion"] += f[3]
+            elif f[0] in ("fail", "invalid"):
+                tally["fail"] += 1
+            elif f[0] in tally:
+                tally[f[0]] += 1
+        c["items_succeeded"] += tally["ok"]
+        c["items_failed"] += tally["fail"]
+        c["items_expired"] += tally["expired"]
+        c["items_cancelled"] += tally["cancelled"]
+        b["out_counts"] = tally
+        if b["settings"]["batch_shuffle"]:
+            # Neither provider promises an order: a client must match on custom_id.
+            fates.sort(key=lambda cf: digest(self.seed, "shuffle", b["id"], cf[0]))
+        if b["provider"] == OPENAI:
+            self.openai_files(b, fates)
+        else:
+            b["results"] = "".join(json.dumps(self.anthropic_result(cid, f), ensure_ascii=False) + "\n"
+                                   for cid, f in fates).encode("utf-8")
+
+    def openai_files(self, b, fates):
+        out, err = [], []
+        for cid, f in fates:
+            if f[0] == "not_run":
+                continue
+            rid = digest(b["id"], cid).hex()
+            line = {"id": "batch_req_" + rid[:24], "custom_id": cid}
+            if f[0] == "ok":
+                line["response"] = {"status_code": 200, "request_id": "req_" + rid[24:48], "body": f[1]}
+                line["error"] = None
+                out.append(line)
+                continue
+            if f[0] in ("fail", "invalid"):
+                code, kind = (500, "server_error") if f[0] == "fail" else (400, "invalid_request_error")
+                line["response"] = {"status_code": code, "request_id": "req_" + rid[24:48],
+                                    "body": {"error": {"message": f[1], "type": kind,
+                                                       "param": None, "code": None}}}
+                line["error"] = None
+            else:
+                code = "batch_expired" if f[0] == "expired" else "batch_cancelled"
+                line["response"] = None
+                line["error"] = {"code": code, "message": (
+                    "This request could not be executed before the completion window expired."
+                    if f[0] == "expired" else "The batch was cancelled before this request ran.")}
+            err.append(line)
+
+        def keep(lines, what):
+            if not lines:
+                return None
+            data = "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines).encode("utf-8")
+            return self.add_file(data, "batch_output", "%s_%s.jsonl" % (b["id"], what))["id"]
+        b["output_file_id"] = keep(out, "output")
+        b["error_file_id"] = keep(err, "error")
+
+    @staticmethod
+    def anthropic_result(cid, f):
+        if f[0] == "ok":
+            r = {"type": "succeeded", "message": f[1]}
+        elif f[0] in ("fail", "invalid"):
+            kind = "api_error" if f[0] == "fail" else "invalid_request_error"
+            r = {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": f[1]}}}
+        elif f[0] == "expired":
+            r = {"type": "expired"}
+        else:
+            r = {"type": "canceled"}
+        return {"custom_id": cid, "result": r}
+
+    def progress(self, b, now):
+        """(done ok, done failed) so far, for a batch not ended."""
+        until = now if b["cancel_at"] is None else min(now, b["cancel_at"])
+        ok = bad = 0
+        for (_, fate), done in zip(b["items"], b["done_at"]):
+            if done <= until:
+                if fate[0] == "ok":
+                    ok += 1
+                else:
+                    bad += 1
+        return ok, bad
+
+    # -------------------------------------------------------------- the objects
+    def openai_object(self, b, now):
+        d, t0 = b["delay"], b["t0"]
+        n = len(b["items"])
+
+        def at(mono):
+            return int(self.wall(b, mono)) if mono is not None and mono <= now else None
+        end = b["end"]
+        if end:
+            status = end
+            if end == "failed":
+                counts = {"total": n, "completed": 0, "failed": 0}
+            else:
+                t = b["out_counts"]
+                counts = {"total": n, "completed": t["ok"], "failed": n - t["ok"]}
+        else:
+            ok, bad = self.progress(b, now)
+            counts = {"total": n, "completed": ok, "failed": bad}
+            el = now - t0
+            if b["cancel_at"] is not None:
+                status = "cancelling"
+            elif el < 0.1 * d:
+                status = "validating"
+            elif el < 0.9 * d:
+                status = "in_progress"
+            else:
+                status = "finalizing"
+        ran = end not in ("failed",) and (b["cancel_at"] is None or b["cancel_at"] >= t0 + 0.1 * d)
+        prog_at = at(t0 + 0.1 * d) if ran else None
+        fin_at = at(t0 + 0.9 * d) if ran and end in (None, "completed", "expired") and \
+            b["cancel_at"] is None else None
+        return {
+            "id": b["id"], "object": "batch", "endpoint": b["endpoint"],
+            "errors": b.get("errors") if end == "failed" else None,
+            "input_file_id": b["input_file_id"],
+            "completion_window": b["completion_window"], "status": status,
+            "output_file_id": b.get("output_file_id"), "error_file_id": b.get("error_file_id"),
+            "created_at": int(b["wall0"]), "in_progress_at": prog_at,
+            "expires_at": int(b["wall0"]) + DAY, "finalizing_at": fin_at,
+            "completed_at": at(b["end_at"]) if end == "completed" else None,
+            "failed_at": at(b["end_at"]) if end == "failed" else None,
+            "expired_at": at(b["end_at"]) if end == "expired" else None,
+            "cancelling_at": at(b["cancel_at"]) if b["cancel_at"] is not None else None,
+            "cancelled_at": at(b["end_at"]) if end == "cancelled" else None,
+            "request_counts": counts, "metadata": b.get("metadata"),
+        }
+
+    def anthropic_object(self, b, now):
+        n = len(b["items"])
+        end = b["end"]
+        if end:
+            t = b["out_counts"]
+            counts = {"processing": 0, "succeeded": t["ok"], "errored": t["fail"],
+                      "canceled": t["cancelled"], "expired": t["expired"]}
+            status = "ended"
+        else:
+            ok, bad = self.progress(b, now)
+            counts = {"processing": n - ok - bad, "succeeded": ok, "errored": bad,
+                      "canceled": 0, "expired": 0}
+            status = "canceling" if b["cancel_at"] is not None else "in_progress"
+        return {
+            "id": b["id"], "type": "message_batch", "processing_status": status,
+            "request_counts": counts,
+            "ended_at": iso_micro(self.wall(b, b["end_at"])) if end else None,
+            "created_at": iso_micro(b["wall0"]), "expires_at": iso_micro(b["wall0"] + DAY),
+            "archived_at": None,
+            "cancel_initiated_at": iso_micro(self.wall(b, b["cancel_at"]))
+            if b["cancel_at"] is not None else None,
+            "results_url": "http://127.0.0.1:%d%s/%s/results" % (self.port, MSG_BATCHES, b["id"])
+            if end else None,
+        }
+
+    def snapshot(self):
+        def total(k):
+            return sum(c[k] for c in self.counts.values())
+        out = {k: total(k) for k in self.counts[OPENAI]}
+        out["live"] = len(self.live)
+        out["files"] = len(self.files)
+        tok = {p: dict(u, total=u["prompt"] + u["completion"]) for p, u in self.usage.items()}
+        out["tokens"] = {k: sum(t[k] for t in tok.values()) for k in ("prompt", "completion", "total")}
+        out["by_provider"] = {p: dict(self.counts[p], tokens=tok[p]) for p in (OPENAI, ANTHROPIC)}
+        out["refused"] = self.refused
+        out["settings"] = dict(self.settings, batch_refuse=self.refuse,
+                               batch_refuse_status=self.refuse_status)
+        return out
+
+
+def prompt_key(prompt):
+    return hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# The request parsing and the answer bodies of the two completion shapes, shared by the
+# synchronous endpoints and the batch items (so a batch answers exactly what a call would).
+def chat_parse(req):
+    """((prompt, last message), None) for an OpenAI chat request, or (None, error text)."""
+    msgs = req.get("messages") if isinstance(req, dict) else None
+    if not isinstance(msgs, list) or not msgs or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+        return None, "messages must be a non-empty list of {role, content}"
+    return ("\n".join(m["content"] for m in msgs), msgs[-1]["content"]), None
+
+
+def chat_reply(req, prompt, content):
+    pt, ct = tokens(prompt), tokens(content)
+    return {
+        "id": "mock-" + prompt_key(prompt)[:16],
+        "object": "chat.completion",
+        "model": req.get("model") or "mock",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
+    }
+
+
+def messages_parse(req):
+    """((prompt, last message), None) for an Anthropic messages request, or (None, error)."""
+    msgs = req.get("messages") if isinstance(req, dict) else None
+    texts = [anthropic_text(m.get("content")) if isinstance(m, dict) else None
+             for m in msgs] if isinstance(msgs, list) else []
+    if not texts or any(t is None for t in texts):
+        return None, ("messages must be a non-empty list of {role, content}, "
+                      "content a string or text blocks")
+    system = req.get("system")
+    if system is not None:
+        system = anthropic_text(system)
+        if system is None:
+            return None, "system must be a string or text blocks"
+    return ("\n".join(([system] if system is not None else []) + texts), texts[-1]), None
+
+
+def messages_reply(req, prompt, content):
+    return {
+        "id": "msg_mock" + prompt_key(prompt)[:16],
+        "type": "message",
+        "role": "assistant",
+        "model": req.get("model") or "mock",
+        "content": [{"type": "text", "text": content}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": tokens(prompt), "output_tokens": tokens(content)},
+    }
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "mock-llm/1"
@@ -537,10 +1153,14 @@ class Handler(BaseHTTPRequestHandler):
             self.mock.end()
 
     def get(self):
-        path = self.path_only()
+        path, oid = route(self.path_only())
         if path == "/_stats":
             return self.send_json(200, self.mock.snapshot())
         self.mock.arrive(path)
+        if path in BATCH_GETS:
+            if self.batch_refused(path):
+                return
+            return BATCH_GETS[path](self, path, oid)
         if path == "/healthz":
             body = b"ok\n"
             self.send_response(200)
@@ -553,15 +1173,47 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(404, {"error": {"message": "no such endpoint: " + path}})
 
+    def read_body(self, limit):
+        """The request body, by Content-Length or chunked (libcurl chunks a multipart upload
+        whose size it does not know). ValueError when it is malformed or over `limit`; the
+        connection is then closed, since the rest of the body may be unread."""
+        try:
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                parts, total = [], 0
+                while True:
+                    line = self.rfile.readline(1024)
+                    try:
+                        size = int(line.split(b";", 1)[0].strip(), 16)
+                    except ValueError:
+                        raise ValueError("a bad chunk size line")
+                    if size < 0:
+                        raise ValueError("a bad chunk size line")
+                    if size == 0:
+                        while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                            pass    # trailers
+                        return b"".join(parts)
+                    total += size
+                    if total > limit:
+                        raise ValueError("body too large")
+                    parts.append(self.rfile.read(size))
+                    if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                        raise ValueError("a chunk is longer than its size")
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise ValueError("a bad Content-Length")
+            if n < 0 or n > limit:
+                raise ValueError("body too large")
+            return self.rfile.read(n) if n else b""
+        except ValueError:
+            self.close_connection = True
+            raise
+
     def read_json(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        if n < 0 or n > MAX_BODY:
-            raise ValueError("body too large")
-        raw = self.rfile.read(n) if n else b""
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(self.read_body(MAX_BODY).decode("utf-8"))
 
     def error_body(self, path, kind, msg):
-        if path == MESSAGES:
+        if path.startswith(MESSAGES):
             return {"type": "error", "error": {"type": kind, "message": msg}}
         return {"error": {"message": msg, "type": kind}}
 
@@ -581,7 +1233,16 @@ class Handler(BaseHTTPRequestHandler):
             if err:
                 return self.send_json(400, {"error": {"message": err}})
             return self.send_json(200, self.mock.snapshot())
+        path, oid = route(path)
         self.mock.arrive(path)
+        if path in BATCH_POSTS and self.batch_refused(path):
+            return
+        if path == FILES:
+            return self.upload(path)
+        if path in BATCH_CANCELS:
+            if not self.drain():
+                return self.bad(path, "request body is malformed or too large")
+            return self.cancel(path, oid)
         try:
             req = self.read_json()
         except (ValueError, UnicodeDecodeError) as e:
@@ -594,6 +1255,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.messages(path, req)
         if path == EMBED:
             return self.embed(path, req)
+        if path == BATCHES:
+            return self.openai_create(path, req)
+        if path == MSG_BATCHES:
+            return self.anthropic_create(path, req)
         self.send_json(404, {"error": {"message": "no such endpoint: " + path}})
 
     def delay(self, rng):
@@ -701,56 +1366,28 @@ class Handler(BaseHTTPRequestHandler):
         return content, headers
 
     def chat(self, path, req):
-        msgs = req.get("messages") if isinstance(req, dict) else None
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
-            return self.bad(path, "messages must be a non-empty list of {role, content}")
-        prompt = "\n".join(m["content"] for m in msgs)
-        key = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
-        pt = tokens(prompt)
-        got = self.answer_text(path, key, prompt, msgs[-1]["content"], pt)
+        parsed, err = chat_parse(req)
+        if err:
+            return self.bad(path, err)
+        prompt, last = parsed
+        key = prompt_key(prompt)
+        got = self.answer_text(path, key, prompt, last, tokens(prompt))
         if got is None:
             return
         content, headers = got
-        ct = tokens(content)
-        self.send_json(200, {
-            "id": "mock-" + key[:16],
-            "object": "chat.completion",
-            "model": req.get("model") or "mock",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
-        }, headers)
+        self.send_json(200, chat_reply(req, prompt, content), headers)
 
     def messages(self, path, req):
-        msgs = req.get("messages") if isinstance(req, dict) else None
-        texts = [anthropic_text(m.get("content")) if isinstance(m, dict) else None
-                 for m in msgs] if isinstance(msgs, list) else []
-        if not texts or any(t is None for t in texts):
-            return self.bad(path, "messages must be a non-empty list of {role, content}, "
-                            "content a string or text blocks")
-        system = req.get("system")
-        if system is not None:
-            system = anthropic_text(system)
-            if system is None:
-                return self.bad(path, "system must be a string or text blocks")
-        prompt = "\n".join(([system] if system is not None else []) + texts)
-        key = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
-        it = tokens(prompt)
-        got = self.answer_text(path, key, prompt, texts[-1], it)
+        parsed, err = messages_parse(req)
+        if err:
+            return self.bad(path, err)
+        prompt, last = parsed
+        key = prompt_key(prompt)
+        got = self.answer_text(path, key, prompt, last, tokens(prompt))
         if got is None:
             return
         content, headers = got
-        self.send_json(200, {
-            "id": "msg_mock" + key[:16],
-            "type": "message",
-            "role": "assistant",
-            "model": req.get("model") or "mock",
-            "content": [{"type": "text", "text": content}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": it, "output_tokens": tokens(content)},
-        }, headers)
+        self.send_json(200, messages_reply(req, prompt, content), headers)
 
     def embed(self, path, req):
         inp = req.get("input") if isinstance(req, dict) else None
@@ -777,6 +1414,255 @@ class Handler(BaseHTTPRequestHandler):
             "usage": {"prompt_tokens": pt, "total_tokens": pt},
         }, headers)
 
+    # ---------------------------------------------------------- provider batches
+    def send_bytes(self, status, data, ctype):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def refuse(self, path, status, msg):
+        """An error of the endpoint's shape: 404 not found, 409 not in a state for it."""
+        self.mock.answered(path, str(status))
+        if path.startswith(MESSAGES):
+            kind = "not_found_error" if status == 404 else "invalid_request_error"
+            return self.send_json(status, {"type": "error", "error": {"type": kind, "message": msg}})
+        self.send_json(status, {"error": {"message": msg, "type": "invalid_request_error",
+                                          "param": None, "code": None}})
+
+    def ok(self, path, obj):
+        self.mock.answered(path, "200")
+        self.send_json(200, obj)
+
+    def drain(self):
+        """Reads a body nobody needs (a cancel's); False when it is malformed or too large."""
+        try:
+            self.read_body(MAX_BODY)
+        except ValueError:
+            return False
+        return True
+
+    def batch_refused(self, path):
+        """Refuses this batch request when /_control asked for the next N to be refused
+        (a provider's 500, its 429 with Retry-After: 1, or its 503); True when it did."""
+        with self.mock.lock:
+            bs = self.mock.batches
+            if bs.refuse <= 0:
+                return False
+            bs.refuse -= 1
+            bs.refused += 1
+            status = bs.refuse_status
+        if self.command == "POST":
+            try:
+                self.read_body(MAX_UPLOAD)
+            except ValueError:
+                pass
+        anthropic = path.startswith(MESSAGES)
+        kind = {429: "rate_limit_error" if anthropic else "rate_limit",
+                500: "api_error" if anthropic else "server_error",
+                503: "overloaded_error" if anthropic else "server_error"}[status]
+        self.mock.answered(path, str(status))
+        self.send_json(status, self.error_body(path, kind, "batch request refused (mock)"),
+                       {"retry-after": "1"} if status != 500 else None)
+        return True
+
+    def upload(self, path):
+        try:
+            raw = self.read_body(MAX_UPLOAD)
+        except ValueError as e:
+            return self.bad(path, "bad multipart body: %s (want at most %d bytes)" % (e, MAX_UPLOAD))
+        if not raw:
+            return self.bad(path, "want a multipart/form-data body, not an empty one")
+        try:
+            fields = parse_multipart(self.headers.get("Content-Type"), raw)
+        except ValueError as e:
+            return self.bad(path, "bad multipart body: %s" % e)
+        if "purpose" not in fields or fields["purpose"][1] != b"batch":
+            return self.bad(path, "purpose must be batch")
+        if "file" not in fields:
+            return self.bad(path, "the file field is missing")
+        name, data = fields["file"]
+        try:
+            openai_lines(data)
+        except ValueError as e:
+            return self.bad(path, "invalid batch file: %s" % e)
+        with self.mock.lock:
+            meta = self.mock.batches.add_file(data, "batch", name or "upload.jsonl")
+        self.ok(path, meta)
+
+    def openai_create(self, path, req):
+        if not isinstance(req, dict):
+            return self.bad(path, "want a JSON object")
+        unknown = sorted(set(req) - OPENAI_BATCH_KEYS)
+        if unknown:
+            return self.bad(path, "unknown parameters: " + ", ".join(unknown))
+        if req.get("endpoint") != CHAT:
+            return self.bad(path, "endpoint must be " + CHAT)
+        if req.get("completion_window") != "24h":
+            return self.bad(path, "completion_window must be 24h")
+        meta = req.get("metadata")
+        if meta is not None and (not isinstance(meta, dict) or len(meta) > 16 or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+                for k, v in meta.items())):
+            return self.bad(path, "metadata must be at most 16 string pairs "
+                            "(keys up to 64 characters, values up to 512)")
+        fid = req.get("input_file_id")
+        bs = self.mock.batches
+        with self.mock.lock:
+            f = bs.files.get(fid) if isinstance(fid, str) else None
+            if f is None or f["meta"]["purpose"] != "batch":
+                refused = True
+            else:
+                refused = False
+                lines = openai_lines(f["data"])
+                models = {json.dumps(body.get("model")) for _, _, body in lines}
+                bid = bs.new_id("batch_")
+                extra = {"endpoint": CHAT, "input_file_id": fid, "completion_window": "24h",
+                         "metadata": meta, "output_file_id": None, "error_file_id": None}
+                if len(models) > 1:
+                    # As the real one: one model a file, found while validating.
+                    first = next(no for no, _, body in lines
+                                 if json.dumps(body.get("model")) != json.dumps(lines[0][2].get("model")))
+                    extra["invalid"] = True
+                    extra["errors"] = {"object": "list", "data": [{
+                        "code": "mismatched_model", "param": "body.model", "line": first,
+                        "message": "every request of a batch file must use the same model"}]}
+                    items = [(cid, ("not_run",)) for _, cid, _ in lines]
+                else:
+                    items = [(cid, bs.decide(OPENAI, cid, *chat_parse(body), body, bs.settings))
+                             for _, cid, body in lines]
+                b = bs.create(OPENAI, bid, items, extra)
+                obj = bs.openai_object(b, time.monotonic())
+        if refused:
+            return self.bad(path, "no batch input file with id %s" % json.dumps(fid))
+        self.ok(path, obj)
+
+    def anthropic_create(self, path, req):
+        if not isinstance(req, dict) or set(req) != {"requests"}:
+            return self.bad(path, "want {\"requests\": [...]} and nothing else")
+        reqs = req["requests"]
+        if not isinstance(reqs, list) or not reqs:
+            return self.bad(path, "requests must be a non-empty list")
+        seen = set()
+        for i, r in enumerate(reqs):
+            if not isinstance(r, dict) or set(r) != {"custom_id", "params"}:
+                return self.bad(path, "requests.%d: want {custom_id, params}" % i)
+            cid = r["custom_id"]
+            if not isinstance(cid, str) or not ANTHROPIC_ID.match(cid):
+                return self.bad(path, "requests.%d.custom_id: 1 to 64 of a-z A-Z 0-9 _ -" % i)
+            if cid in seen:
+                return self.bad(path, "requests.%d.custom_id: %s is used twice" % (i, cid))
+            seen.add(cid)
+            if not isinstance(r["params"], dict):
+                return self.bad(path, "requests.%d.params must be an object" % i)
+        bs = self.mock.batches
+        with self.mock.lock:
+            items = [(r["custom_id"], bs.decide(ANTHROPIC, r["custom_id"], *messages_parse(r["params"]),
+                                                r["params"], bs.settings)) for r in reqs]
+            b = bs.create(ANTHROPIC, bs.new_id("msgbatch_"), items, {})
+            obj = bs.anthropic_object(b, time.monotonic())
+        self.ok(path, obj)
+
+    def find(self, oid, provider):
+        """The batch (caller holds the lock, batches advanced), or None."""
+        b = self.mock.batches.batches.get(oid)
+        return b if b is not None and b["provider"] == provider else None
+
+    def openai_get(self, path, oid):
+        with self.mock.lock:
+            now = time.monotonic()
+            self.mock.batches.advance(now)
+            b = self.find(oid, OPENAI)
+            obj = self.mock.batches.openai_object(b, now) if b else None
+        if obj is None:
+            return self.refuse(path, 404, "no batch with id %s" % json.dumps(oid))
+        self.ok(path, obj)
+
+    def anthropic_get(self, path, oid):
+        with self.mock.lock:
+            now = time.monotonic()
+            self.mock.batches.advance(now)
+            b = self.find(oid, ANTHROPIC)
+            obj = self.mock.batches.anthropic_object(b, now) if b else None
+        if obj is None:
+            return self.refuse(path, 404, "no message batch with id %s" % json.dumps(oid))
+        self.ok(path, obj)
+
+    def listing(self, path, oid):
+        provider = ANTHROPIC if path.startswith(MESSAGES) else OPENAI
+        bs = self.mock.batches
+        with self.mock.lock:
+            now = time.monotonic()
+            bs.advance(now)
+            show = bs.openai_object if provider == OPENAI else bs.anthropic_object
+            data = [show(b, now) for b in reversed(list(bs.batches.values()))
+                    if b["provider"] == provider]
+        obj = {"data": data, "has_more": False,
+               "first_id": data[0]["id"] if data else None,
+               "last_id": data[-1]["id"] if data else None}
+        if provider == OPENAI:
+            obj["object"] = "list"
+        self.ok(path, obj)
+
+    def file_meta(self, path, oid):
+        with self.mock.lock:
+            f = self.mock.batches.files.get(oid)
+            meta = dict(f["meta"]) if f else None
+        if meta is None:
+            return self.refuse(path, 404, "no file with id %s" % json.dumps(oid))
+        self.ok(path, meta)
+
+    def file_content(self, path, oid):
+        with self.mock.lock:
+            f = self.mock.batches.files.get(oid)
+        if f is None:
+            return self.refuse(path, 404, "no file with id %s" % json.dumps(oid))
+        self.mock.answered(path, "200")
+        self.send_bytes(200, f["data"], "application/octet-stream")
+
+    def results(self, path, oid):
+        with self.mock.lock:
+            self.mock.batches.advance(time.monotonic())
+            b = self.find(oid, ANTHROPIC)
+            data = b["results"] if b else None
+        if b is None:
+            return self.refuse(path, 404, "no message batch with id %s" % json.dumps(oid))
+        if data is None:
+            return self.refuse(path, 409, "message batch %s has not ended: no results yet" % oid)
+        self.mock.answered(path, "200")
+        self.send_bytes(200, data, "application/x-jsonl")
+
+    def cancel(self, path, oid):
+        provider = ANTHROPIC if path.startswith(MESSAGES) else OPENAI
+        bs = self.mock.batches
+        with self.mock.lock:
+            now = time.monotonic()
+            bs.advance(now)
+            b = self.find(oid, provider)
+            ended = b is not None and b["end"] is not None
+            if b is not None and not ended and b["cancel_at"] is None:
+                b["cancel_at"] = now
+            if b is not None:
+                obj = (bs.openai_object if provider == OPENAI else bs.anthropic_object)(b, now)
+        if b is None:
+            return self.refuse(path, 404, "no batch with id %s" % json.dumps(oid))
+        if ended:
+            return self.refuse(path, 409, "batch %s has ended (%s): nothing to cancel" % (oid, b["end"]))
+        self.ok(path, obj)
+
+
+BATCH_GETS = {
+    FILES + "/{id}": Handler.file_meta,
+    FILES + "/{id}/content": Handler.file_content,
+    BATCHES: Handler.listing,
+    BATCHES + "/{id}": Handler.openai_get,
+    MSG_BATCHES: Handler.listing,
+    MSG_BATCHES + "/{id}": Handler.anthropic_get,
+    MSG_BATCHES + "/{id}/results": Handler.results,
+}
+BATCH_CANCELS = {BATCHES + "/{id}/cancel", MSG_BATCHES + "/{id}/cancel"}
+BATCH_POSTS = BATCH_CANCELS | {FILES, BATCHES, MSG_BATCHES}
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -811,6 +1697,19 @@ def main():
                     help="outages cover only this endpoint (repeatable; default all)")
     ap.add_argument("--retry-after-format", choices=("seconds", "date", "none"),
                     default="seconds")
+    ap.add_argument("--batch-delay-s", type=delay_seconds, default=2.0, metavar="S",
+                    help="seconds from a batch's creation to its end (default 2)")
+    ap.add_argument("--batch-fail-rate", type=fraction, default=0.0, metavar="F",
+                    help="share of batch items that fail (by a hash of seed and custom_id)")
+    ap.add_argument("--batch-expire", action="store_true",
+                    help="batches expire at the delay instead of completing")
+    ap.add_argument("--batch-expire-done", type=fraction, default=0.5, metavar="F",
+                    help="under --batch-expire, the share of items done first (default 0.5)")
+    ap.add_argument("--batch-shuffle", action="store_true",
+                    help="batch output, error and results lines in no particular order")
+    ap.add_argument("--batch-refuse", type=count, default=0, metavar="N",
+                    help="refuse the first N batch requests (test a client's retries)")
+    ap.add_argument("--batch-refuse-status", type=int, choices=(429, 500, 503), default=500)
     ap.add_argument("--max-requests", type=int, default=0, metavar="N",
                     help="exit after N requests (0 = no bound)")
     ap.add_argument("--idle-exit", type=float, default=600.0, metavar="S",
@@ -825,11 +1724,13 @@ def main():
     mock = Mock(args)
     Handler.mock = mock
     srv = Server(("127.0.0.1", args.port), Handler)
+    mock.batches.port = srv.server_address[1]
     print("PORT %d" % srv.server_address[1], flush=True)
 
     def watchdog():
         while not mock.stop.wait(0.2):
             with mock.lock:
+                mock.batches.advance(time.monotonic())
                 idle = time.monotonic() - mock.last if mock.inflight == 0 else 0
             if idle >= args.idle_exit:
                 mock.stop_reason = "idle for %gs" % args.idle_exit

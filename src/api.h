@@ -52,6 +52,22 @@ void api_budget_refused(lua_State *L, struct budget_call *bc, double wait_s, con
 /* lua_CFunction: leash.env(name); api_env.c. */
 int api_env(lua_State *L);
 
+/* lua_CFunction: pushes the llm table ({ batch = f }); api_llm.c (sql/022_llm_batch.sql). */
+int api_llm_open(lua_State *L);
+
+/* [-0, +1, v] Runs sql on a pooled connection for the running task (the lease checked after
+   the wait for a connection); pushes the result's box (freed by the collector if a later
+   call raises) and returns the result, or raises "what: ...". */
+struct pg_result;
+struct pg_result *api_pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
+                                const char *const *params);
+/* [-0, +0, -] Frees the result in the box at idx now. */
+void api_result_free(lua_State *L, int idx);
+
+/* [-0, +0, -] The name of the innermost leash.step the caller runs inside, or NULL; *seq
+   that run's number (a new one for every run of a step's function in the state; 0: none). */
+const char *api_step_name(lua_State *L, long long *seq);
+
 /* lua_CFunction: pushes the module table. */
 int api_leash_open(lua_State *L);
 

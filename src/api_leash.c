@@ -77,6 +77,8 @@ int api_leash_open(lua_State *L)
   lua_setfield(L, -2, "http");
   api_budget_open(L);
   lua_setfield(L, -2, "budget");
+  api_llm_open(L);
+  lua_setfield(L, -2, "llm");
   luaL_newlib(L, db);
   lua_setfield(L, -2, "db");
   luaL_newlib(L, logf);
@@ -574,6 +576,41 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
   return *box;
 }
 
+PGresult *api_pool_exec(lua_State *L, const char *what, const char *sql, int nparams,
+                        const char *const *params)
+{
+  return pool_exec(L, what, sql, nparams, params);
+}
+
+void api_result_free(lua_State *L, int idx)
+{
+  result_free(L, idx);
+}
+
+/* The innermost leash.step running below the caller: its frame is l_step's, and its first
+   stack slot is the step's name (checked a string by l_step). Walking the stack rather than
+   keeping a flag: a script's pcall around a failed step leaves nothing stale behind. */
+const char *api_step_name(lua_State *L, long long *seq)
+{
+  lua_Debug ar;
+  *seq = 0;
+  for (int level = 0; lua_getstack(L, level, &ar); level++) {
+    lua_getinfo(L, "f", &ar);
+    int is = lua_tocfunction(L, -1) == l_step;
+    lua_pop(L, 1);
+    if (is && lua_getlocal(L, &ar, 1)) {
+      const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+      lua_pop(L, 1);   /* the string stays alive in l_step's frame */
+      if (lua_getlocal(L, &ar, 3)) {
+        *seq = lua_isinteger(L, -1) ? (long long)lua_tointeger(L, -1) : 0;
+        lua_pop(L, 1);
+      }
+      return name;
+    }
+  }
+  return NULL;
+}
+
 /* The running task's fence as text: id and lease token (owner is the worker id). */
 static void task_fence(const struct task *t, char id[24], char token[24])
 {
@@ -624,6 +661,8 @@ static int l_step(lua_State *L)
   result_free(L, -1);
   lua_pop(L, 1);
 
+  /* Slot 3: this run of fn's number in the state (api_step_name reads it). */
+  lua_pushinteger(L, (lua_Integer)++taskctx_of(L)->step_seq);
   lua_pushvalue(L, 2);
   lua_call(L, 0, 1);                                                    /* stack: result */
   int res = lua_gettop(L);

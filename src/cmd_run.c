@@ -74,6 +74,14 @@ static const char run_usage[] =
   "                        beats it)\n"
   "  --backoff-jitter F    the backoff d becomes d x (1 - F x random): 0.5 (default) waits\n"
   "                        d/2 to d, 1 waits 0 to d, 0 exactly d\n"
+  "  --llm-batch-url PROVIDER=URL  base URL of openai or anthropic for leash.llm.batch\n"
+  "                        (repeatable; default https://api.openai.com and\n"
+  "                        https://api.anthropic.com; keys from OPENAI_API_KEY and\n"
+  "                        ANTHROPIC_API_KEY)\n"
+  "  --llm-batch-max N     most items in one provider batch (default 1000; 1 to 50000)\n"
+  "  --llm-batch-age S     send a smaller batch once its oldest item waited S (default 60s)\n"
+  "  --llm-batch-poll S    between two polls of one open provider batch (default 30s)\n"
+  "  --llm-batch-off       this process never becomes the fleet's batcher\n"
   "Durations are seconds, or take a unit: 500ms, 30s, 5m, 2h. Sizes take KB, MB, GB\n"
   "(powers of 1024).\n\n"
   "Wedged slots: code stuck inside one C call cannot be stopped. A slot still in handle()\n"
@@ -100,6 +108,7 @@ enum {
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_DASHBOARD, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
   OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL, OPT_BACKOFF_BASE,
   OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER, OPT_RECORD, OPT_RECORD_MAX, OPT_RECORD_REDACT,
+  OPT_LLM_BATCH_URL, OPT_LLM_BATCH_MAX, OPT_LLM_BATCH_AGE, OPT_LLM_BATCH_POLL, OPT_LLM_BATCH_OFF,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -143,6 +152,11 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "record", required_argument, NULL, OPT_RECORD },
     { "record-max", required_argument, NULL, OPT_RECORD_MAX },
     { "record-redact", required_argument, NULL, OPT_RECORD_REDACT },
+    { "llm-batch-url", required_argument, NULL, OPT_LLM_BATCH_URL },
+    { "llm-batch-max", required_argument, NULL, OPT_LLM_BATCH_MAX },
+    { "llm-batch-age", required_argument, NULL, OPT_LLM_BATCH_AGE },
+    { "llm-batch-poll", required_argument, NULL, OPT_LLM_BATCH_POLL },
+    { "llm-batch-off", no_argument, NULL, OPT_LLM_BATCH_OFF },
     { NULL, 0, NULL, 0 },
   };
   size_t max_result = 0, record_max = RECORD_DEFAULT_MAX;
@@ -152,6 +166,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
     .lua_memory = 256u * 1024 * 1024, .budget_wait = 30, .backoff_base = LIFECYCLE_BACKOFF_BASE,
     .backoff_cap = LIFECYCLE_BACKOFF_CAP_S, .backoff_jitter = LIFECYCLE_BACKOFF_JITTER,
+    .llm_batch = LLM_BATCH_DEFAULTS,
   };
   const char *tenants[MAX_TENANTS], *lua_path[MAX_TENANTS];
   const char *dashboard_addr = NULL;
@@ -307,6 +322,32 @@ int cmd_run(struct cli *g, int argc, char **argv)
       if (cli_parse_size_in(optarg, 1, 1024, (size_t)1 << 30, &record_max) != 0)
         return cli_usage_error(g, "--record-max must be a size from 1KB to 1GB (a plain "
                                "number is bytes; 64KB, 1MB), not '%s'", optarg);
+      break;
+    case OPT_LLM_BATCH_URL: {
+      const char *eq = strchr(optarg, '=');
+      int p = eq ? llm_provider_index(optarg, (size_t)(eq - optarg)) : -1;
+      if (p < 0 || (strncmp(eq + 1, "http://", 7) != 0 && strncmp(eq + 1, "https://", 8) != 0) ||
+          strlen(eq + 1) > 500)
+        return cli_usage_error(g, "--llm-batch-url must be openai=URL or anthropic=URL with an "
+                               "http:// or https:// URL of at most 500 bytes");
+      cfg.llm_batch.url[p] = eq + 1;
+      break;
+    }
+    case OPT_LLM_BATCH_MAX:
+      if (cli_parse_int(optarg, 1, 50000, &n) != 0)
+        return cli_usage_error(g, "--llm-batch-max must be an integer from 1 to 50000");
+      cfg.llm_batch.max = (int)n;
+      break;
+    case OPT_LLM_BATCH_AGE:
+      if ((rc = parse_duration_opt(g, "--llm-batch-age", optarg, &cfg.llm_batch.age_s, 0)) != 0)
+        return rc;
+      break;
+    case OPT_LLM_BATCH_POLL:
+      if ((rc = parse_duration_opt(g, "--llm-batch-poll", optarg, &cfg.llm_batch.poll_s, 1)) != 0)
+        return rc;
+      break;
+    case OPT_LLM_BATCH_OFF:
+      cfg.llm_batch.off = 1;
       break;
     case OPT_RECORD_REDACT: {
       char err[300];

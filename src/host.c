@@ -25,6 +25,7 @@ struct threads {
   struct watchdog *watchdog;
   struct metrics *metrics;
   struct canary *canary;
+  struct llm_batch *llm_batch;
 };
 
 static void host_init(struct host *h, const struct host_config *cfg);
@@ -79,6 +80,7 @@ int host_run(const struct host_config *cfg)
   /* Shut down: slots first (they may still be finishing aborted tasks), then the rest. */
   dispatcher_stop_slots(d);
   canary_stop(th.canary);
+  llm_batch_stop(th.llm_batch);
   watchdog_stop(th.watchdog);
   lease_stop(th.lease);
   metrics_stop(th.metrics);
@@ -211,6 +213,10 @@ static int start_threads(struct host *h, struct threads *th)
     .conninfo = cfg->conninfo, .table = &h->table, .script_path = cfg->script_path,
     .sh = &h->sh, .load_limit = host_load_limit(h), .mu = &h->mu, .src = &h->src,
     .counters = &h->stats,
+  });
+  th->llm_batch = llm_batch_start(&(struct llm_batch_config){
+    .conninfo = cfg->conninfo, .table = &h->table, .worker_id = cfg->worker_id,
+    .opt = cfg->llm_batch,
   });
   pthread_mutex_lock(&h->mu);   /* the signal thread reads h->reload under mu */
   h->reload = r;

@@ -17,6 +17,7 @@
 #define LEASH_HOST_H
 
 #include "db.h"
+#include "llm_batch.h"
 #include "queue.h"
 
 #include <stddef.h>
@@ -46,6 +47,7 @@ struct host_config {
   int ntenants;
   const char *const *lua_path;  /* extra folders for require, searched after the script's */
   int nlua_path;
+  struct llm_batch_options llm_batch;   /* --llm-batch-*: the provider batcher (llm_batch.h) */
 };
 
 /* Exit code of a process the watchdog ended: a slot stayed wedged past its deadline plus

@@ -849,7 +849,12 @@ int queue_script_sql_init(struct queue_script_sql *s, PGconn *c, const struct db
                                   "$7::bigint, $8::bigint)", settle);
   free(grant);
   free(settle);
-  if (!s->step_get || !s->step_put || !s->enqueue || !s->wait_get || !s->budget_grant ||
+  char *item = db_table_object(t, c, "llm_item", 1);
+  if (item)
+    s->llm_item = format_sql("SELECT item_id, state, answer, error, tries FROM %s($1::bigint, "
+                             "$2::bigint, $3, $4, $5, $6::jsonb, $7::boolean, $8::int)", item);
+  free(item);
+  if (!s->llm_item || !s->step_get || !s->step_put || !s->enqueue || !s->wait_get || !s->budget_grant ||
       !s->budget_settle) {
     queue_script_sql_free(s);
     return -1;
@@ -865,6 +870,7 @@ void queue_script_sql_free(struct queue_script_sql *s)
   free(s->enqueue);
   free(s->budget_grant);
   free(s->budget_settle);
+  free(s->llm_item);
   memset(s, 0, sizeof *s);
 }
 

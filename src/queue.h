@@ -114,6 +114,9 @@ struct queue_script_sql {
                           granted, call_id, wait_s, why (sql/014_budgets.sql) */
   char *budget_settle; /* $1 budget, $2 call id, $3 tokens used, $4 pause (s), $5 reason,
                           $6 model, $7 input tokens, $8 output tokens */
+  char *llm_item;      /* $1 id, $2 token, $3 owner, $4 step, $5 provider, $6 request, $7
+                          fallback, $8 tries → item_id, state, answer, error, tries (one row
+                          while the lease holds; sql/022_llm_batch.sql) */
 };
 
 /* Fills s for table t; 0, or -1 when out of memory (s is then freed). */

@@ -109,10 +109,12 @@ static const char report_fmt[] =
   "                                    'max', a.swmax),"
   "  'usage', (SELECT coalesce(json_agg(json_build_object('budget', k.budget, 'model', k.model,"
   "                              'calls', k.calls, 'input_tokens', k.i, 'output_tokens', k.o,"
-  "                              'tokens', k.t, 'cost', round(k.c, 6))"
+  "                              'tokens', k.t, 'cost', round(k.c, 6),"
+  "                              'sync_cost', round(k.sc, 6))"
   "                            ORDER BY k.budget COLLATE \"C\", k.model COLLATE \"C\"), '[]')"
   "              FROM (SELECT u.budget, u.model, count(*) AS calls, sum(u.input_tokens) AS i,"
-  "                           sum(u.output_tokens) AS o, sum(u.tokens) AS t, sum(u.cost) AS c"
+  "                           sum(u.output_tokens) AS o, sum(u.tokens) AS t, sum(u.cost) AS c,"
+  "                           sum(u.sync_cost) AS sc"
   "                      FROM %s u"
   "                     WHERE ($1::text[] IS NULL OR u.tenant_id = ANY ($1::text[]))"
   "                       AND ($2::text IS NULL OR u.batch = $2::text)"
@@ -435,9 +437,13 @@ static void print_text(const json_t *r, FILE *out)
   size_t k;
   json_array_foreach(use, k, u) {
     const char *model = json_string_value(json_object_get(u, "model"));
-    json_t *cost = json_object_get(u, "cost");
-    char line[600], costs[40] = "no price";
-    if (json_is_number(cost))
+    json_t *cost = json_object_get(u, "cost"), *sync = json_object_get(u, "sync_cost");
+    char line[600], costs[80] = "no price";
+    /* Provider batches (sql/022) keep what the calls would have cost synchronously. */
+    if (json_is_number(cost) && json_is_number(sync))
+      snprintf(costs, sizeof costs, "cost %.4f at batch prices (%.4f synchronously)",
+               json_number_value(cost), json_number_value(sync));
+    else if (json_is_number(cost))
       snprintf(costs, sizeof costs, "cost %.4f", json_number_value(cost));
     snprintf(line, sizeof line, "%s %s/%s: %lld calls, %lld tokens, %s\n",
              k ? "          " : "usage     ", json_string_value(json_object_get(u, "budget")),

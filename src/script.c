@@ -244,6 +244,11 @@ void script_run(struct script *s, struct task *t)
              : c.stage == STAGE_OUTCOME ? " reading handle's answer" : "",
              c.payload_refused && outer ? ": " : "", c.payload_refused && outer ? outer : "");
     outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, msg);
+  } else if (s->ctx.stop_reason && s->ctx.stop_cause == CAUSE_WAITING && s->ctx.wait_spec[0]) {
+    /* A yield into a wait (taskctx_yield_wait: leash.llm.batch) is leash.wait's outcome. */
+    outcome_set(&t->out, OUTCOME_WAIT, CAUSE_WAITING, NULL, s->ctx.stop_reason);
+    if (!(t->out.result = strdup(s->ctx.wait_spec)))
+      outcome_set(&t->out, OUTCOME_RETRY, CAUSE_MEMORY, NULL, "out of memory keeping a wait");
   } else if (s->ctx.stop_reason) {
     /* A yield (taskctx_yield: a budget's wait) is a snooze, the attempt given back. */
     outcome_set(&t->out, s->ctx.stop_cause == CAUSE_BUDGET ? OUTCOME_SNOOZE : OUTCOME_RETRY,

@@ -29,6 +29,7 @@ void taskctx_begin(lua_State *L, struct task *t, double timeout_s)
   c->deadline = timeout_s > 0 ? task_now() + timeout_s : 0;
   c->stop_reason = NULL;
   c->stop_delay = -1;
+  c->wait_spec[0] = '\0';
   c->holds = NULL;
   lua_sethook(L, count_hook, LUA_MASKCOUNT, TASKCTX_HOOK_EVERY);
 }
@@ -91,6 +92,22 @@ void taskctx_yield(lua_State *L, enum outcome_cause cause, double delay_s, const
   c->stop_reason = c->yield_msg;
   c->stop_cause = cause;
   c->stop_delay = delay_s;
+  lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+  luaL_error(L, "%s", c->yield_msg);
+  abort();   /* not reached: luaL_error does not return */
+}
+
+void taskctx_yield_wait(lua_State *L, const char *spec, const char *fmt, ...)
+{
+  struct task_ctx *c = taskctx_of(L);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->yield_msg, sizeof c->yield_msg, fmt, ap);
+  va_end(ap);
+  snprintf(c->wait_spec, sizeof c->wait_spec, "%s", spec);
+  c->stop_reason = c->yield_msg;
+  c->stop_cause = CAUSE_WAITING;
+  c->stop_delay = -1;
   lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
   luaL_error(L, "%s", c->yield_msg);
   abort();   /* not reached: luaL_error does not return */

@@ -61,6 +61,9 @@ struct task_ctx {
   enum outcome_cause stop_cause;
   double stop_delay;            /* a yield's delay before the task runs again; < 0: none */
   char yield_msg[256];          /* a yield's reason (stop_reason points here) */
+  char wait_spec[320];          /* a yield into a wait (taskctx_yield_wait): its spec; "" none */
+  long long step_seq;           /* runs of a leash.step function in this state, so far */
+  long long llm_step_seq;       /* the step run that called leash.llm.batch last (one each) */
   struct budget_hold *holds;    /* leash.budget.hold blocks open (api_budget.c); NULL: none */
   /* Told of each module require reads from a file (the version hashes the modules loaded
      with the script); NULL for none. */
@@ -101,6 +104,12 @@ void taskctx_check_stop(lua_State *L);
    is the outcome's message. */
 void taskctx_yield(lua_State *L, enum outcome_cause cause, double delay_s, const char *fmt, ...)
   __attribute__((format(printf, 4, 5), noreturn));
+
+/* [-0, +0, v] As taskctx_yield, but the outcome is a durable wait (sql/019) with spec (the
+   JSON leash.wait would make, < 320 bytes): for a call that ends the execution until
+   something outside it is done (leash.llm.batch). */
+void taskctx_yield_wait(lua_State *L, const char *spec, const char *fmt, ...)
+  __attribute__((format(printf, 3, 4), noreturn));
 
 /* Waits secs seconds, or less when the run's deadline passes (returns 1), its lease is lost
    or the worker stops (returns 0: the caller checks). Holds no lock a slot or the database

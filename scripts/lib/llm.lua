@@ -107,11 +107,33 @@ end
 --- Chat completion whose content must be a JSON object: returns it decoded, and the usage.
 function llm.chat_json(url, messages, opts)
   local content, usage = llm.chat(url, messages, opts)
+  return llm.decode_object(content), usage
+end
+
+--- The same answer through the provider's batch interface (leash.llm.batch, README
+--- "Provider batches"): only inside leash.step. The first execution ends here, waiting
+--- without a slot until the fleet's batcher has the answer; the next one returns it, as
+--- chat_json does. opts: model, temperature, provider ("openai", the default).
+function llm.batch_chat_json(messages, opts)
+  opts = opts or {}
+  local v = leash.llm.batch{ provider = opts.provider or "openai",
+                             request = { model = opts.model or "mock", messages = messages,
+                                         temperature = opts.temperature or 0 } }
+  local choice = type(v.choices) == "table" and v.choices[1]
+  local content = type(choice) == "table" and type(choice.message) == "table" and choice.message.content
+  if type(content) ~= "string" then
+    error(llm.failure("malformed", "answer has no choices[1].message.content"))
+  end
+  return llm.decode_object(content), type(v.usage) == "table" and v.usage or {}
+end
+
+--- content decoded as a JSON object, or raises an llm.failure "malformed".
+function llm.decode_object(content)
   local v = leash.json.decode(content)
   if type(v) ~= "table" then
     error(llm.failure("malformed", "model answer is not a JSON object: " .. snippet(content)))
   end
-  return v, usage
+  return v
 end
 
 --- Embeddings of inputs (a list of strings): returns a list of vectors (lists of numbers)

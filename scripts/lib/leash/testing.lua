@@ -39,6 +39,10 @@
 ---   * leash.step stores its result as JSON, fenced: a later h:run (the next attempt) gets
 ---     the stored value back without calling fn; a raising fn stores nothing;
 ---   * once h.lease_lost is true, db.query, http.request, step, enqueue and sleep raise.
+---   * leash.llm.batch{...} (only inside a step, the host's checks): h.llm_batch(provider,
+---     request, step) answers it (a table, handed out once; nil: not yet, the run ends as a
+---     wait on event "llm:<item>", out.status "wait"; a raise: the failed item's error);
+---     h.llm_requests records every call.
 ---   * leash.env(name) answers only the names the spec allowed, as --env-allow does:
 ---     opts.env = { NAME = "value" } allows and sets them, opts.env_allow = { "NAME" }
 ---     allows names left unset (nil); any other name raises the host's error. Like the host,
@@ -511,6 +515,70 @@ local function new_fake(h)
       error("leash.db.query: no fake answer registered for: " .. sql, 2)
     end,
   }
+  -- leash.llm.batch{...}: the host's checks and messages (src/api_llm.c). The answer comes
+  -- from h.llm_batch(provider, request, step) (a table: the answer, returned once, as the host
+  -- hands an item out once; nil: not answered yet, so the run ends waiting, out.status "wait"
+  -- and out.wait the event wait the host writes; a raise: the failed item's error).
+  local function llm_spec_error(msg) error("leash.llm.batch{...}: " .. msg, 3) end
+  local LLM_KEYS = { provider = true, request = true, deadline = true, tries = true, fallback = true }
+  leash.llm = {
+    batch = function(spec)
+      if type(spec) ~= "table" then
+        error("bad argument #1 to 'batch' (table expected, got " .. type(spec) .. ")", 2)
+      end
+      for k in pairs(spec) do
+        if not LLM_KEYS[k] then
+          llm_spec_error("unknown field " .. tostring(k)
+                         .. " (expected provider, request, deadline, tries, fallback)")
+        end
+      end
+      if spec.provider ~= "openai" and spec.provider ~= "anthropic" then
+        llm_spec_error('provider must be "openai" or "anthropic"')
+      end
+      if type(spec.request) ~= "table" then
+        llm_spec_error("request must be a table (the body of the synchronous call), not "
+                       .. type(spec.request))
+      end
+      local d = spec.deadline
+      if d ~= nil and not (type(d) == "number" and d >= 1 and d <= testing.MAX_WAIT) then
+        llm_spec_error("deadline must be a number of seconds from 1 to " .. math.floor(testing.MAX_WAIT))
+      end
+      local n = spec.tries
+      if n ~= nil and not (math.type(n) == "integer" and n >= 1 and n <= 100) then
+        llm_spec_error("tries must be an integer from 1 to 100")
+      end
+      if spec.fallback ~= nil and type(spec.fallback) ~= "function" then
+        llm_spec_error("fallback must be a function (the synchronous call), not " .. type(spec.fallback))
+      end
+      local run = h.step_stack[#h.step_stack]
+      if not run then
+        error("leash.llm.batch: only inside leash.step (the step keeps the answer)", 2)
+      end
+      lost(h, "leash.llm.batch")
+      if run.llm then
+        error("leash.llm.batch: one call per leash.step run (give each request a step of its own)", 2)
+      end
+      run.llm = true
+      local step = run.name
+      local ok, text = pcall(json_encode, spec.request)
+      if not ok then error("leash.llm.batch{...}: request cannot be sent as JSON: " .. text, 2) end
+      if text:sub(1, 1) ~= "{" then llm_spec_error("request must be a JSON object, not a list") end
+      local key = tostring(h.task and h.task.id) .. ":" .. step
+      h.llm_items[key] = h.llm_items[key] or { id = #h.llm_requests + 1 }
+      local item = h.llm_items[key]
+      h.llm_requests[#h.llm_requests + 1] = { provider = spec.provider, step = step,
+                                              request = testing.json.decode(text), item = item.id }
+      local answer = h.llm_batch and h.llm_batch(spec.provider, testing.json.decode(text), step)
+      if answer ~= nil then
+        h.llm_items[key] = nil   -- handed out once: a step that rejects it asks afresh
+        return answer
+      end
+      h.waited_llm = { reason = "event", event = "llm:" .. item.id,
+                       deadline = d or testing.WAIT_DEADLINE, on_deadline = "retry" }
+      h.yielded_wait = "waiting for " .. spec.provider .. " batch item " .. item.id
+      error(h.yielded_wait, 0)
+    end,
+  }
   leash.http = {
     request = function(req, again)
       if type(req) ~= "table" or type(req.url) ~= "string" then
@@ -580,7 +648,10 @@ local function new_fake(h)
     local stored = h.steps[name]
     if stored ~= nil then return stored.value end
     h.step_runs[name] = (h.step_runs[name] or 0) + 1
-    local v = fn()
+    h.step_stack[#h.step_stack + 1] = { name = name }   -- leash.llm.batch: which step run
+    local ok, v = pcall(fn)
+    h.step_stack[#h.step_stack] = nil
+    if not ok then error(v, 0) end
     local copy = nil
     if v ~= nil then
       local ok, text = pcall(json_encode, v)
@@ -1008,7 +1079,8 @@ local function new_harness(dir, opts)
   opts = opts or {}
   local h = { logs = {}, clock = opts.clock or 1700000000, slept = 0, lease_lost = false,
               steps = {}, step_runs = {}, enqueued = {}, runs = 0, budgets = {}, holds = {},
-              hold_stack = {}, budget_wait = opts.budget_wait or 30 }
+              hold_stack = {}, budget_wait = opts.budget_wait or 30, step_stack = {},
+              llm_items = {}, llm_requests = {} }
   h.environ, h.env_allowed = {}, {}
   for k, v in pairs(opts.env or {}) do
     assert(type(k) == "string" and type(v) == "string", "opts.env maps names to string values")
@@ -1061,8 +1133,11 @@ local function new_harness(dir, opts)
     self.task = task
     self.runs = self.runs + 1
     self.yielded, self.holds, self.hold_stack = nil, {}, {}
+    self.yielded_wait, self.waited_llm, self.step_stack = nil, nil, {}
     local out = outcome(table.pack(xpcall(self.handle, message_handler, task)), opts.max_result_bytes)
-    if self.yielded then   -- the host's stop wins over whatever handle made of it
+    if self.yielded_wait then   -- leash.llm.batch ended the run waiting, whatever handle did
+      out = { status = "wait", cause = "waiting", error = self.yielded_wait, wait = self.waited_llm }
+    elseif self.yielded then   -- the host's stop wins over whatever handle made of it
       out = { status = "snooze", cause = "budget", error = self.yielded.error,
               delay = math.min(self.yielded.delay, BACKOFF_CAP) }
     end
