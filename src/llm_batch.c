@@ -39,6 +39,8 @@ struct llm_batch {
   double next_submit[LLM_PROVIDERS];   /* monotonic: after a failed upload */
   char *fn_open, *fn_submitted, *fn_abandon, *fn_recover, *fn_status, *fn_end, *batches;
   char *id_sql;                  /* a checked id field of a JSON answer */
+  double wait_s;                 /* until the next tick (see next_wait) */
+  int busy;                      /* this tick opened a batch or polled one */
 };
 
 static void *batch_main(void *arg);
@@ -47,6 +49,7 @@ static int become_leader(struct llm_batch *b);
 static void submit_ready(struct llm_batch *b, int p);
 static void poll_open(struct llm_batch *b);
 static PGresult *sql(struct llm_batch *b, const char *text, int n, const char *const *params);
+static double next_wait(const struct llm_batch *b);
 
 static double mono_now(void)
 {
@@ -134,11 +137,13 @@ static void *batch_main(void *arg)
   pthread_mutex_lock(&b->mu);
   while (!b->quit) {
     pthread_mutex_unlock(&b->mu);
+    b->busy = 0;
     tick(b);
+    b->wait_s = next_wait(b);
     pthread_mutex_lock(&b->mu);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long ns = (long long)ts.tv_nsec + (long long)(LLM_BATCH_TICK_S * 1e9);
+    long long ns = (long long)ts.tv_nsec + (long long)(b->wait_s * 1e9);
     ts.tv_sec += (time_t)(ns / 1000000000LL);
     ts.tv_nsec = (long)(ns % 1000000000LL);
     if (!b->quit)
@@ -146,6 +151,20 @@ static void *batch_main(void *arg)
   }
   pthread_mutex_unlock(&b->mu);
   return NULL;
+}
+
+/* An idle process costs the database little (issue 6's idle target: under a statement a
+   second for the whole process): a follower tries for the lead every LLM_BATCH_FOLLOW_S, a
+   leader with nothing to open or poll waits twice as long each time up to
+   LLM_BATCH_IDLE_MAX_S, and every LLM_BATCH_TICK_S again as soon as it has work. */
+static double next_wait(const struct llm_batch *b)
+{
+  if (!b->leader)
+    return LLM_BATCH_FOLLOW_S;
+  if (b->busy || b->wait_s <= 0)
+    return LLM_BATCH_TICK_S;
+  double w = b->wait_s * 2;
+  return w > LLM_BATCH_IDLE_MAX_S ? LLM_BATCH_IDLE_MAX_S : w;
 }
 
 /* The statements' function names, once per process. 0, or -1. */
@@ -434,6 +453,7 @@ static void submit_ready(struct llm_batch *b, int p)
       PQclear(r);
       return;
     }
+    b->busy = 1;
     char id[24], err[512] = "";
     snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
     int n = atoi(PQgetvalue(r, 0, 1)), refused = 0;
@@ -586,6 +606,8 @@ static void poll_open(struct llm_batch *b)
   PGresult *r = sql(b, q, 1, params);
   if (!r)
     return;
+  if (PQntuples(r) > 0)
+    b->busy = 1;
   for (int i = 0; i < PQntuples(r) && !atomic_load(&b->stopping) && b->conn; i++) {
     const char *prov = PQgetvalue(r, i, 1);
     int p = llm_provider_index(prov, strlen(prov));

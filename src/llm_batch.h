@@ -3,7 +3,7 @@
  * docs/ARCHITECTURE.md "Provider batches"). Every `leash run` starts this thread; it leads
  * while it holds a session advisory lock of the table's on its own connection, so exactly
  * one process of the fleet submits and polls, and when that process dies its session ends,
- * the lock is free and the next thread to try (every LLM_BATCH_TICK_S) leads. A new leader
+ * the lock is free and the next thread to try (every LLM_BATCH_FOLLOW_S) leads. A new leader
  * first abandons the batches its predecessor left half-made (items back to pending).
  *
  * Leading, each tick: for each provider, while <table>_llm_batch_open hands out a batch
@@ -22,7 +22,9 @@
 
 #include "db.h"
 
-#define LLM_BATCH_TICK_S 0.5
+#define LLM_BATCH_TICK_S 0.5       /* a leader with work */
+#define LLM_BATCH_IDLE_MAX_S 10.0  /* a leader with nothing open or due (see next_wait) */
+#define LLM_BATCH_FOLLOW_S 5.0     /* a follower, between tries for the lead */
 #define LLM_PROVIDERS 2   /* LLM_OPENAI, LLM_ANTHROPIC */
 enum { LLM_OPENAI, LLM_ANTHROPIC };
 
