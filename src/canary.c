@@ -20,6 +20,8 @@ struct canary {
   PGconn *conn;
   char *poll_sql;
   long long active;              /* the canary the slots run, 0: none */
+  int running;                   /* the last poll saw a running canary: poll often */
+  int poked;                     /* under mu: poll now (canary_poke) */
   long long refused;             /* a canary whose text did not load here */
   int first;                     /* no poll answered yet */
   int down;                      /* the last poll failed (logged once) */
@@ -82,6 +84,16 @@ void canary_stop(struct canary *c)
   free(c);
 }
 
+void canary_poke(struct canary *c)
+{
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->mu);
+  c->poked = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
 static void *canary_main(void *arg)
 {
   struct canary *c = arg;
@@ -92,11 +104,13 @@ static void *canary_main(void *arg)
     pthread_mutex_lock(&c->mu);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long ns = (long long)ts.tv_nsec + (long long)(CANARY_POLL_S * 1e9);
+    double wait = c->running ? CANARY_POLL_S : CANARY_IDLE_POLL_S;
+    long long ns = (long long)ts.tv_nsec + (long long)(wait * 1e9);
     ts.tv_sec += (time_t)(ns / 1000000000LL);
     ts.tv_nsec = (long)(ns % 1000000000LL);
-    if (!c->quit)
+    if (!c->quit && !c->poked)
       pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    c->poked = 0;
   }
   pthread_mutex_unlock(&c->mu);
   return NULL;
@@ -142,6 +156,7 @@ static void poll_once(struct canary *c)
     return;
   }
   c->down = 0;
+  c->running = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, C_STATE), "running") == 0;
   if (PQntuples(r) == 1) {
     long long id = atoll(PQgetvalue(r, 0, C_ID));
     const char *state = PQgetvalue(r, 0, C_STATE);

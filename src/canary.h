@@ -1,6 +1,9 @@
 /*
  * canary: each `leash run` follows the table's canary (sql/018_canary.sql). A thread polls
- * <table>_canary_poll every CANARY_POLL_S: that call may take the fleet's one verdict (the
+ * <table>_canary_poll every CANARY_POLL_S while a canary runs, every CANARY_IDLE_POLL_S
+ * otherwise, and at once when poked (`leash canary` sends NOTIFY "canary" on the queue's
+ * channel, which the lease thread hears): an idle worker costs the database little and still
+ * adopts a new canary at once. That call may take the fleet's one verdict (the
  * first process to lock the running row does) and keeps giving back the failed attempts of a
  * recent rollback. A new running canary's text is loaded once as a probe (its modules from
  * this process's folders) and must reproduce the recorded version; it is then published in
@@ -22,6 +25,7 @@
 #include <stdint.h>
 
 #define CANARY_POLL_S 0.5
+#define CANARY_IDLE_POLL_S 5.0
 
 struct canary_config {
   const char *conninfo;
@@ -39,6 +43,8 @@ struct canary;
 /* NULL (logged) when the thread cannot start. cfg is copied; what it points to must
    outlive canary_stop. */
 struct canary *canary_start(const struct canary_config *cfg);
+/* Polls now (any thread; c may be NULL). */
+void canary_poke(struct canary *c);
 void canary_stop(struct canary *c);
 
 /* 1 when task id runs canary canary_id's candidate at share percent: a hash of both, so a

@@ -2,6 +2,7 @@
 #include "canary.h"
 #include "commands.h"
 #include "migrate.h"
+#include "queue.h"
 #include "script.h"
 #include "secrets.h"
 
@@ -56,6 +57,7 @@ static int canary_start_cmd(struct cli *g, PGconn *c, const struct db_table *t,
 static int canary_status_cmd(struct cli *g, PGconn *c, const struct db_table *t, int json);
 static int canary_decide_cmd(struct cli *g, PGconn *c, const struct db_table *t,
                              const char *state);
+static void tell_workers(PGconn *c, const struct db_table *t);
 
 static int parse_delta(struct cli *g, const char *name, const char *s, double *out)
 {
@@ -232,6 +234,7 @@ static int canary_start_cmd(struct cli *g, PGconn *c, const struct db_table *t,
                         : "waits for `leash canary promote` when it passes");
     PQclear(r);
     rc = EXIT_OK;
+    tell_workers(c, t);
   } else if (tbl && strcmp(db_last_sqlstate(), "23505") == 0) {
     rc = cli_data_error(g, "a canary is already running on this table: `leash canary status`, "
                            "then promote, rollback or abort it first");
@@ -283,6 +286,14 @@ static int canary_status_cmd(struct cli *g, PGconn *c, const struct db_table *t,
   return EXIT_OK;
 }
 
+/* The workers poll a changed canary at once (their lease thread hears the NOTIFY); without
+   it they find it on their next poll (CANARY_IDLE_POLL_S), so a failure only costs time. */
+static void tell_workers(PGconn *c, const struct db_table *t)
+{
+  char err[DB_ERR_MAX];
+  (void)queue_notify_canary(c, t, err, sizeof err);
+}
+
 /* By hand: the running canary's state, with the numbers as they stand; a rollback gives
    back at once (the workers keep giving back what settles later). */
 static int canary_decide_cmd(struct cli *g, PGconn *c, const struct db_table *t,
@@ -328,6 +339,7 @@ static int canary_decide_cmd(struct cli *g, PGconn *c, const struct db_table *t,
       }
     }
     if (rc == EXIT_OK) {
+      tell_workers(c, t);
       if (strcmp(state, "rolled_back") == 0)
         printf("canary %s rolled_back: %lld task%s given back\n", id, back,
                back == 1 ? "" : "s");

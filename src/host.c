@@ -37,6 +37,7 @@ static int start_threads(struct host *h, struct threads *th);
 static void log_summary(const struct host *h);
 static void on_lost(void *arg, struct task *t, const char *why);
 static void on_work(void *arg);
+static void on_canary(void *arg);
 static void on_drain(void *arg);
 static void on_reload(void *arg);
 static void on_wedged(void *arg, struct task *t, int settle, const char *why);
@@ -79,6 +80,9 @@ int host_run(const struct host_config *cfg)
   }
   /* Shut down: slots first (they may still be finishing aborted tasks), then the rest. */
   dispatcher_stop_slots(d);
+  pthread_mutex_lock(&h.mu);
+  h.canary = NULL;
+  pthread_mutex_unlock(&h.mu);
   canary_stop(th.canary);
   llm_batch_stop(th.llm_batch);
   watchdog_stop(th.watchdog);
@@ -196,7 +200,7 @@ static int start_threads(struct host *h, struct threads *th)
     .conninfo = cfg->conninfo, .table = &h->table, .worker_id = cfg->worker_id,
     .visibility = cfg->visibility, .heartbeat = cfg->heartbeat,
     .sample_depth = cfg->metrics_addr != NULL, .registry = h->leases, .counters = &h->stats,
-    .on_lost = on_lost, .on_work = on_work, .arg = h,
+    .on_lost = on_lost, .on_work = on_work, .on_canary = on_canary, .arg = h,
   });
   th->watchdog = watchdog_start(&(struct watchdog_config){
     .mu = &h->mu, .watch = h->watch, .nwatch = h->nwatch, .draining = &h->draining,
@@ -220,6 +224,7 @@ static int start_threads(struct host *h, struct threads *th)
   });
   pthread_mutex_lock(&h->mu);   /* the signal thread reads h->reload under mu */
   h->reload = r;
+  h->canary = th->canary;
   pthread_mutex_unlock(&h->mu);
   if (cfg->metrics_addr && th->lease && r) {
     char err[DB_ERR_MAX];
@@ -255,6 +260,16 @@ static void on_work(void *arg)
   pthread_mutex_lock(&h->mu);
   h->wake = 1;
   pthread_cond_signal(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* Lease thread: `leash canary` changed the canary; its thread polls now (lock order: mu,
+   then the canary's own). */
+static void on_canary(void *arg)
+{
+  struct host *h = arg;
+  pthread_mutex_lock(&h->mu);
+  canary_poke(h->canary);
   pthread_mutex_unlock(&h->mu);
 }
 

@@ -33,6 +33,7 @@ struct host {
   int draining;                 /* no more claims (signals, wedge) */
   struct script_source src;     /* the version the slots load (reload.c replaces it) */
   struct reload *reload;        /* hot swap; the signal thread's SIGHUP asks it under mu */
+  struct canary *canary;        /* under mu: the lease thread pokes it (a NOTIFY "canary") */
 
   struct slot_watch *watch;     /* one per slot (slot.c writes, watchdog.c reads) */
   int nwatch;

@@ -412,11 +412,14 @@ static void read_notifications(struct lease *l)
     return;
   }
   PGnotify *n;
-  int any = 0;
+  int any = 0, canary = 0;
   while ((n = PQnotifies(l->conn)) != NULL) {
     any = 1;
+    canary |= n->extra && strcmp(n->extra, "canary") == 0;
     PQfreemem(n);
   }
+  if (canary && l->cfg.on_canary)
+    l->cfg.on_canary(l->cfg.arg);
   if (any)
     l->cfg.on_work(l->cfg.arg);
 }

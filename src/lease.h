@@ -57,7 +57,8 @@ struct lease_config {
   struct metrics_counters *counters;   /* db_up, queue depth, reaped deaths */
   lease_lost_fn *on_lost;
   lease_work_fn *on_work;
-  void *arg;                     /* for both callbacks */
+  lease_work_fn *on_canary;      /* a NOTIFY with the payload "canary" (leash canary); or NULL */
+  void *arg;                     /* for the callbacks */
 };
 
 struct lease;

@@ -529,14 +529,25 @@ char *queue_listen_sql(PGconn *c, const struct db_table *t, char *err, size_t er
   return out;
 }
 
-int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+static int notify(PGconn *c, const struct db_table *t, const char *payload, char *err,
+                  size_t errlen)
 {
-  const char *params[] = { t->qualified };
-  PGresult *r = db_exec(c, "SELECT pg_notify(" CHANNEL_OF_1 ", '')", 1, params, err, errlen);
+  const char *params[] = { t->qualified, payload };
+  PGresult *r = db_exec(c, "SELECT pg_notify(" CHANNEL_OF_1 ", $2)", 2, params, err, errlen);
   if (!r)
     return -1;
   PQclear(r);
   return 0;
+}
+
+int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  return notify(c, t, "", err, errlen);
+}
+
+int queue_notify_canary(PGconn *c, const struct db_table *t, char *err, size_t errlen)
+{
+  return notify(c, t, "canary", err, errlen);
 }
 
 /* "SELECT ... FROM <table>_<fn>(args)": sql_tail follows the function's name. */

@@ -161,6 +161,9 @@ int queue_release_worker(PGconn *c, const struct db_table *t, const char *worker
 
 /* Wakes the table's idle workers (rows became runnable outside a trigger). 0 or -1. */
 int queue_notify(PGconn *c, const struct db_table *t, char *err, size_t errlen);
+/* Tells the table's workers the canary changed (their lease thread pokes the canary's
+   poll: canary.h). 0 or -1. */
+int queue_notify_canary(PGconn *c, const struct db_table *t, char *err, size_t errlen);
 
 /* The one task INSERT: rows of `source`, a SELECT with the columns id (drawn from the
    table's sequence, so that a default shard can name it), tenant_id, shard_key, payload
