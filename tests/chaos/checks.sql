@@ -45,7 +45,7 @@ CREATE TEMP TABLE q AS
 SELECT id, (payload->>'n')::int AS n, payload->>'via' AS via, status, attempts, max_attempts,
        lease_owner, result, last_error, tenant_id, shard_key, (payload->>'fatal')::boolean AS fatal,
        payload->>'hostile' AS hostile, last_cause, crashes, max_crashes,
-       payload->>'wait' AS wait
+       payload->>'wait' AS wait, coalesce((payload->>'via_batch')::boolean, false) AS via_batch
   FROM agent_work_queue
  WHERE NOT payload ? 'child_of';   -- the waiters' children: their own section (waits)
 
@@ -430,6 +430,27 @@ SELECT pg_temp.fig('children waiters with fewer than two children (must be 0)', 
 SELECT pg_temp.fig('  with more (a fan-out run again after a lost lease: at least once)', count(*))
   FROM q WHERE wait = 'children'
    AND (SELECT count(*) FROM agent_work_queue c WHERE c.parent_id = q.id) > 2;
+
+-- ------------------------------------------------------------------ provider batches
+SELECT pg_temp.head('provider batches (task.lua: 1 in 23 asks through leash.llm.batch)');
+SELECT pg_temp.fig('tasks through provider batches', count(*)) FROM q WHERE via_batch;
+SELECT pg_temp.fig('  not done (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE via_batch AND status <> 'done';
+SELECT pg_temp.fig('  done without a batch answer in their step (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE via_batch AND status = 'done' AND result->>'step_via' IS DISTINCT FROM 'batch';
+SELECT pg_temp.fig('provider batches (ended / abandoned / all)',
+                   format('%s / %s / %s', count(*) FILTER (WHERE state = 'ended'),
+                          count(*) FILTER (WHERE state = 'abandoned'), count(*)))
+  FROM agent_work_queue_llm_batches;
+SELECT pg_temp.fig('provider batches left open or being made (must be 0)', count(*), count(*) = 0)
+  FROM agent_work_queue_llm_batches WHERE state IN ('open', 'creating');
+SELECT pg_temp.fig('items (by state)', string_agg(state || ' ' || c, ', ' ORDER BY state))
+  FROM (SELECT state, count(*) c FROM agent_work_queue_llm_items GROUP BY 1) s;
+SELECT pg_temp.fig('items of done tasks never answered (must be 0)', count(*), count(*) = 0)
+  FROM agent_work_queue_llm_items i JOIN q ON q.id = i.task_id
+ WHERE q.status = 'done' AND i.state IN ('pending', 'submitted');
+SELECT pg_temp.fig('batchers elected (worker logs)', count(*))
+  FROM wlog WHERE msg LIKE 'llm batch: worker % is the fleet''s batcher%';
 
 -- ------------------------------------------------------------------ print
 \o

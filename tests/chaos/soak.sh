@@ -205,6 +205,7 @@ start_worker() {
   "$LEASH" --log-format json run "$SCRIPT" --concurrency "$SLOTS" --visibility "$VIS" \
     --heartbeat "$HB" --worker-id "${W_NAME[i]}" --drain-timeout 2 --poll-ms 50-200 \
     --task-timeout 5 --watchdog-grace 1 --lua-memory 64 \
+    --llm-batch-url "openai=http://127.0.0.1:$MOCK_PORT" --llm-batch-age 1 --llm-batch-poll 1 \
     >/dev/null 2>"$WORK/logs/${W_NAME[i]}.log" &
   W_PID[i]=$!
   W_STATE[i]=run
@@ -344,6 +345,7 @@ producer() {
           # Waiters (task.lua): 1 in 29 waits on the clock, 1 in 31 for two children first.
           if (hostile == "" && fatal == "false" && n % 29 == 0) h = h ", \"wait\": \"clock\""
           else if (hostile == "" && fatal == "false" && n % 31 == 0) h = h ", \"wait\": \"children\""
+          else if (hostile == "" && fatal == "false" && n % 23 == 0) h = h ", \"via_batch\": true"
           if (n % every == 0) {
             printf "%s(%s, %s, %s, %s, %d)", (ns++ ? ",\n" : "INSERT INTO agent_work_queue (tenant_id, shard_key, payload, batch, max_crashes) VALUES\n"), \
               "\047" tenant "\047", "\047" shard "\047", \
