@@ -436,8 +436,9 @@ SELECT pg_temp.head('provider batches (task.lua: 1 in 23 asks through leash.llm.
 SELECT pg_temp.fig('tasks through provider batches', count(*)) FROM q WHERE via_batch;
 SELECT pg_temp.fig('  not done (must be 0)', count(*), count(*) = 0)
   FROM q WHERE via_batch AND status <> 'done';
-SELECT pg_temp.fig('  done without a batch answer in their step (must be 0)', count(*), count(*) = 0)
-  FROM q WHERE via_batch AND status = 'done' AND result->>'step_via' IS DISTINCT FROM 'batch';
+SELECT pg_temp.fig('  done without their "ask" step stored (must be 0)', count(*), count(*) = 0)
+  FROM q WHERE via_batch AND status = 'done'
+   AND NOT EXISTS (SELECT 1 FROM step_store_log s WHERE s.task_id = q.id AND s.name = 'ask');
 SELECT pg_temp.fig('provider batches (ended / abandoned / all)',
                    format('%s / %s / %s', count(*) FILTER (WHERE state = 'ended'),
                           count(*) FILTER (WHERE state = 'abandoned'), count(*)))

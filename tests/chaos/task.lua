@@ -31,11 +31,11 @@
 -- as any task (execs, the llm step), so every invariant holds for it too. A child only
 -- answers ok. checks.sql counts the waits and proves none was left or passed its deadline.
 --
--- Provider batches (payload.via_batch; issue #19): the "llm" step asks through
--- leash.llm.batch instead of a synchronous call, so the task waits (no slot, no lease) until
--- the fleet's batcher has the mock's batch answer; the chaos kills batchers, restarts the
--- server and terminates backends meanwhile. checks.sql proves each such task done once, with
--- a batch answer.
+-- Provider batches (payload.via_batch; issue #19): before anything else the task asks in a
+-- step "ask" through leash.llm.batch, so its first execution ends waiting (no slot, no lease)
+-- until the fleet's batcher has the mock's batch answer; the chaos kills batchers, restarts
+-- the server and terminates backends meanwhile. Answered, it runs as any task (execs, the
+-- llm step), so every invariant holds for it too; checks.sql proves its "ask" step stored.
 local leash = require "leash"
 
 local ORIGINAL_UPPER = string.upper
@@ -59,19 +59,6 @@ local function llm(task)
   local run = leash.db.query(
     "INSERT INTO step_runs (task_id, name, attempt, worker) VALUES ($1, 'llm', $2, $3) RETURNING id",
     task.id, task.attempt, task.worker_id)[1].id
-  if task.payload.via_batch then
-    -- The first run ends here in a wait; the run after the batch gets the answer body.
-    local v = leash.llm.batch{ provider = "openai", request = { model = "mock",
-      messages = { { role = "user", content = "chaos task " .. task.id } } } }
-    leash.db.query("UPDATE step_runs SET answer = 'batch' WHERE id = $1", run)
-    local content = type(v) == "table" and v.choices and v.choices[1] and v.choices[1].message
-                    and v.choices[1].message.content
-    if type(content) ~= "string" then
-      error({ fault = "malformed" })
-    end
-    return { answer = content, run = run, attempt = task.attempt, worker = task.worker_id,
-             via = "batch" }
-  end
   local ok, resp = pcall(leash.http.request, {
     method = "POST", url = mock_url, timeout = 0.1, budget = budget,
     headers = { ["Content-Type"] = "application/json" },
@@ -129,8 +116,7 @@ local function handle(task)
   end
   finish(exec_id, "ok")
   return leash.ok({ attempt = task.attempt, worker = task.worker_id, version = VERSION,
-                    exec = exec_id, step_attempt = step.attempt, step_worker = step.worker,
-                    step_via = step.via })
+                    exec = exec_id, step_attempt = step.attempt, step_worker = step.worker })
 end
 
 local function wedge()
@@ -244,6 +230,21 @@ return {
       return leash.retry("wedge returned " .. tag(task), 0.2)
     elseif hostile and task.attempt == 1 then
       return misbehave[hostile]()
+    end
+    if task.payload.via_batch then
+      -- The first run ends in this step's wait; the run after the batch gets the answer.
+      local ok, err = pcall(leash.step, "ask", function()
+        local v = leash.llm.batch{ provider = "openai", request = { model = "mock",
+          messages = { { role = "user", content = "chaos batch task " .. task.id } } } }
+        local c = type(v) == "table" and v.choices and v.choices[1] and v.choices[1].message
+                  and v.choices[1].message.content
+        if type(c) ~= "string" then error("malformed batch answer") end
+        return c
+      end)
+      if not ok then
+        if task:lease_lost() then error(err, 0) end
+        return leash.retry("batch ask: " .. tostring(err) .. " " .. tag(task), 0.5)
+      end
     end
     local ok, a, b = pcall(handle, task)
     if ok then
