@@ -87,6 +87,13 @@ case_five_tasks_go_through_one_openai_batch_and_are_done_with_the_sync_answer() 
   done
   assert_eq "items, each handed to its task once (state|tries|answered)" \
     "$(q "select string_agg(distinct state || '|' || tries || '|' || (handed_at > answered_at), ',') from $IT")" "spent|0|true"
+  # Retention (sql/023): the items and the batch go with their tasks.
+  q "delete from $QT where id = (select min(id) from $QT)" >/dev/null
+  assert_eq "a deleted task's item goes, its batch stays for the others (items|batches)" \
+    "$(q "select (select count(*) from $IT) || '|' || (select count(*) from $BT)")" "4|1"
+  expect_exit 0 "$LEASH" prune --older-than 0
+  assert_eq "prune takes the rest and the ended batch (items|batches)" \
+    "$(q "select (select count(*) from $IT) || '|' || (select count(*) from $BT)")" "0|0"
 }
 
 # Three processes at once, 30 tasks, batches of at most 10: exactly one process is the
