@@ -417,6 +417,81 @@ for k in range(300): print(json.dumps({"payload": {}, "batch": "par"}))' >"$T_TM
   stop_dashboard
 }
 
+# live_check PORT BATCH: the running batch's page (/api/overview?batch=B) against SQL: its
+# counts and total exact (in the report and in the list), its dead reasons (every dead row
+# read: fewer than the page's limit), its durations those of its done attempts (fewer than
+# the sample's limit: all of them), and the HTML says which numbers are a sample.
+live_check() {
+  local port=$1 batch=$2 what=$3
+  overview_check "$port" "?batch=$batch"
+  "$PY" - "$T_TMP/overview.json" >"$T_TMP/live.txt" <<'PY' || fail "live report: $(cat "$T_TMP/overview.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))["report"]
+k = r["counts"]
+print(r["total"], k["pending"], k["leased"], k["done"], k["dead"], r["settled"])
+print(";".join(f'{e["count"]} {e["reason"]} {e["example_ids"][0]}' for e in r["dead_reasons"]))
+d = r["duration_s"]
+print(d["count"], *("None" if d[k] is None else f"{d[k]:.6f}" for k in ("p50", "p95", "max")))
+print(sorted(r["live"]))
+PY
+  local b="batch = '$batch'" d="kind = 'done' and task_id in (select id from agent_work_queue where batch = '$batch')"
+  local run="greatest(extract(epoch from finished_at - coalesce(run_started_at, claimed_at)), 0)::float8"
+  assert_eq "$what: the live report against SQL" "$(cat "$T_TMP/live.txt")" "$(q "
+    select count(*) || ' ' || count(*) filter (where status = 'pending') || ' ' ||
+           count(*) filter (where status = 'leased') || ' ' || count(*) filter (where status = 'done')
+           || ' ' || count(*) filter (where status = 'dead') || ' False' from agent_work_queue where $b")
+$(q "select coalesce(string_agg(n || ' ' || r || ' ' || i, ';' order by n desc, r), '') from (
+       select coalesce(nullif(left(split_part(last_error, E'\n', 1), 200), ''), '(no message)') r,
+              count(*) n, min(id) i from agent_work_queue where $b and status = 'dead' group by 1
+        order by 2 desc, 1 limit 5) x")
+$(q "select count(*) || ' ' || coalesce(round((percentile_disc(0.5) within group (order by $run))::numeric, 6)::text, 'None')
+           || ' ' || coalesce(round((percentile_disc(0.95) within group (order by $run))::numeric, 6)::text, 'None')
+           || ' ' || coalesce(round(max($run)::numeric, 6)::text, 'None') from agent_work_queue_attempts where $d")
+['attempts_limit', 'attempts_read', 'dead_limit', 'dead_read']"
+  http GET "http://127.0.0.1:$port/?batch=$batch" >"$T_TMP/live.html"
+  assert_contains "$what: the page says what is a sample" "$(cat "$T_TMP/live.html")" "id=live-note>Running: the counts are exact"
+}
+
+case_a_running_batchs_numbers_equal_sql_as_tasks_settle_and_after_a_requeue_and_a_change_by_hand() {
+  run_setup
+  write_script
+  local port
+  port=$(free_port)
+  # One batch over three tenants, every fifth task dead with one of two reasons: drained a
+  # tenant at a time, so it runs still (tc pending) while it is looked at.
+  "$PY" -c 'import json
+for i in range(500):
+    p = {"die": "quota" if i % 10 == 0 else "bad input"} if i % 5 == 0 else {}
+    print(json.dumps({"payload": p, "batch": "live", "tenant_id": "ta" if i < 250 else "tb" if i < 450 else "tc"}))' \
+    >"$T_TMP/live.jsonl"
+  enqueue_file "$T_TMP/live.jsonl" 500
+  start_dashboard "$port"
+  live_check "$port" live "nothing run yet"
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 4 --tenant ta
+  live_check "$port" live "tenant ta settled"
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 4 --tenant tb
+  live_check "$port" live "tenants ta and tb settled"
+  # A requeue of its dead (no attempt written): the counts follow at once.
+  expect_exit 0 "$LEASH" requeue --dead --batch live --tenant ta
+  live_check "$port" live "ta's dead requeued"
+  # Changes by hand, none through leash: done rows made pending and dead, pending made done.
+  q "update agent_work_queue set status = 'pending', run_after = now() + interval '1 hour'
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tb'
+                     and status = 'done' order by id limit 7);
+     update agent_work_queue set status = 'dead', last_error = 'made dead by hand'
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tb'
+                     and status = 'done' order by id limit 3);
+     update agent_work_queue set status = 'done', finished_at = now()
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tc'
+                     order by id limit 11)" >/dev/null
+  live_check "$port" live "after changes by hand"
+  # A row added to it and one deleted: the total follows.
+  "$LEASH" enqueue --batch live --tenant tc '{}' >/dev/null
+  q "delete from agent_work_queue where id = (select min(id) from agent_work_queue where batch = 'live' and tenant_id = 'tb' and status = 'done')" >/dev/null
+  live_check "$port" live "after an enqueue and a delete"
+  stop_dashboard
+}
+
 case_a_task_page_shows_its_attempt_history_as_sql_has_it() {
   run_setup
   local port id
