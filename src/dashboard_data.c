@@ -16,9 +16,16 @@
 #define DASH_PAUSE_MAX_S (365.0 * 86400)
 #define DASH_CHECK_MARGIN "5 seconds"
 #define DASH_MAX_CANARIES 5
-#define DASH_LIVE_SAMPLE 2000   /* a running batch's attempts read for its durations */
-#define DASH_LIVE_DEAD 10000    /* its dead rows read for the dead reasons */
-#define DASH_LIVE_MINUTES 5000  /* its attempts of the last hour read for the chart */
+/* A running batch's page (live_fmt, live_minutes_fmt): the durations are those of the
+   batch's newest DASH_LIVE_SAMPLE attempts among the queue's newest DASH_LIVE_SCAN; the
+   dead reasons those of at most DASH_LIVE_DEAD of its dead rows; the chart reads the
+   queue's newest DASH_LIVE_MINUTES attempts of the last hour. Each attempt read is checked
+   against its task's batch by key: a look reads at most about DASH_LIVE_SCAN +
+   DASH_LIVE_MINUTES + DASH_LIVE_DEAD queue rows, whatever the batch's size. */
+#define DASH_LIVE_SAMPLE 2000
+#define DASH_LIVE_SCAN 5000
+#define DASH_LIVE_DEAD 10000
+#define DASH_LIVE_MINUTES 10000
 
 /* The batches worth showing: those with open rows, found by a skip scan of batch_open_idx
    (one probe per batch, however many rows are open), the newest DASH_MAX_BATCHES by their
@@ -78,28 +85,35 @@ static const char live_counts_fmt[] =
 /* A running batch's report, in report.c's shape where the page reads it, for a cost that
    does not grow with the batch's done rows (the report's pass costs 190-390 ms per 100,000
    rows): the exact counts above; durations (p50, p95, max of done attempts, from handle's
-   start) from the batch's newest DASH_LIVE_SAMPLE attempts (the attempt history by
-   finished_at, each checked against its task's batch by key), so a sample, said so in
-   "live"; the last finish from the same attempts; the first claim from the batch's first
-   100 attempts to finish after it was enqueued (the earliest claim among them: a task
-   claimed before them all and still running is missed, so approximate, said so); dead
+   start) from the batch's newest DASH_LIVE_SAMPLE attempts among the queue's newest
+   DASH_LIVE_SCAN (the attempt history by finished_at, each in the batch's id range checked
+   against its task's batch by key), so a sample, said so in "live"; the last finish from
+   the same attempts; the first claim from the batch's attempts among the queue's first
+   1,000 to finish after it was enqueued (the earliest claim among them: a task claimed
+   before them all and still running is missed, so approximate, said so); dead
    reasons from at most DASH_LIVE_DEAD of its dead rows (exact when it has no more dead).
    Retries, usage and the attempts' distribution need a pass over the batch's rows or calls:
    null here, counted once the batch finishes. %1$s table, %2$s batch_totals, %3$s attempts,
    %4$d DASH_LIVE_SAMPLE, %5$d DASH_LIVE_DEAD, %6$d REPORT_EXAMPLE_IDS, %7$d
-   REPORT_TOP_REASONS. */
+   REPORT_TOP_REASONS, %8$d DASH_LIVE_SCAN. The inner LIMITs are subqueries of their own so
+   that the planner walks attempts_finished_idx (given the id range, it would rather read
+   the batch's attempts by key and sort them: all of them). */
 static const char live_fmt[] =
   "WITH " LIVE_COUNTS_CTE ","
   " s AS MATERIALIZED (SELECT a.kind, a.finished_at,"
   "         greatest(extract(epoch FROM a.finished_at - coalesce(a.run_started_at,"
   "                                                              a.claimed_at)), 0)::float8 AS d"
-  "       FROM k, LATERAL (SELECT a.* FROM %3$s a WHERE a.task_id BETWEEN k.lo AND k.hi"
+  "       FROM k, LATERAL (SELECT a.* FROM (SELECT * FROM %3$s"
+  "                                          ORDER BY finished_at DESC LIMIT %8$d) a"
+  "                         WHERE a.task_id BETWEEN k.lo AND k.hi"
   "                          AND EXISTS (SELECT 1 FROM %1$s q WHERE q.id = a.task_id"
   "                                        AND q.batch = $1::text)"
   "                        ORDER BY a.finished_at DESC LIMIT %4$d) a),"
   " f AS (SELECT min(x.claimed_at) AS first_claim"
-  "       FROM k, LATERAL (SELECT a.claimed_at FROM %3$s a WHERE a.finished_at >= k.first_at"
-  "                          AND a.task_id BETWEEN k.lo AND k.hi"
+  "       FROM k, LATERAL (SELECT a.claimed_at FROM (SELECT * FROM %3$s"
+  "                                                   WHERE finished_at >= k.first_at"
+  "                                                   ORDER BY finished_at LIMIT 1000) a"
+  "                         WHERE a.task_id BETWEEN k.lo AND k.hi"
   "                          AND EXISTS (SELECT 1 FROM %1$s q WHERE q.id = a.task_id"
   "                                        AND q.batch = $1::text)"
   "                        ORDER BY a.finished_at LIMIT 100) x),"
@@ -141,19 +155,20 @@ static const char live_fmt[] =
 
 /* A running batch's settles per minute over the last hour, from the attempt history (every
    settle, not each row's last: a running batch's rows are not read): done, dead, and
-   retried (retry or snooze), of the batch's newest DASH_LIVE_MINUTES attempts of the hour;
-   when there were more, the oldest minute read is left out (it would be short) and
-   "truncated" says so. %1$s table, %2$s batch_totals, %3$s attempts, %4$d the limit. */
+   retried (retry or snooze), the batch's among the queue's newest DASH_LIVE_MINUTES
+   attempts of the hour; when the queue had more, the oldest minute read is left out (it
+   would be short) and "truncated" says so. %1$s table, %2$s batch_totals, %3$s attempts, %4$d the limit. */
 static const char live_minutes_fmt[] =
   "WITH tot AS (SELECT min(first_id) AS lo, max(last_id) AS hi FROM %2$s WHERE batch = $1::text),"
   " s AS MATERIALIZED (SELECT date_trunc('minute', a.finished_at) AS m, a.kind"
-  "       FROM tot, LATERAL (SELECT a.finished_at, a.kind FROM %3$s a"
-  "                         WHERE a.finished_at > now() - interval '1 hour'"
-  "                           AND a.task_id BETWEEN tot.lo AND tot.hi"
-  "                           AND EXISTS (SELECT 1 FROM %1$s q WHERE q.id = a.task_id"
-  "                                         AND q.batch = $1::text)"
-  "                         ORDER BY a.finished_at DESC LIMIT %4$d) a),"
-  " cut AS (SELECT CASE WHEN count(*) >= %4$d THEN min(m) END AS m FROM s)"
+  "       FROM tot, LATERAL (SELECT * FROM %3$s WHERE finished_at > now() - interval '1 hour'"
+  "                           ORDER BY finished_at DESC LIMIT %4$d) a"
+  "      WHERE a.task_id BETWEEN tot.lo AND tot.hi"
+  "        AND EXISTS (SELECT 1 FROM %1$s q WHERE q.id = a.task_id AND q.batch = $1::text)),"
+  " n AS (SELECT count(*) AS n, min(finished_at) AS oldest FROM (SELECT finished_at FROM %3$s"
+  "         WHERE finished_at > now() - interval '1 hour'"
+  "         ORDER BY finished_at DESC LIMIT %4$d) x),"
+  " cut AS (SELECT CASE WHEN n >= %4$d THEN date_trunc('minute', oldest) END AS m FROM n)"
   "SELECT json_build_object('now', extract(epoch FROM date_trunc('minute', now()))::bigint,"
   "  'truncated', (SELECT m IS NOT NULL FROM cut), 'from_attempts', true,"
   "  'rows', coalesce(json_agg(json_build_object('t', extract(epoch FROM m)::bigint,"
@@ -439,7 +454,8 @@ static json_t *batch_report_kept(PGconn *c, const struct db_table *t, const stru
     return rep;
   if (*open) {   /* running: its live report (live_fmt), never a pass over its rows */
     char *live = sqlf(live_fmt, t->qualified, nm->totals, nm->attempts, DASH_LIVE_SAMPLE,
-                      DASH_LIVE_DEAD, REPORT_EXAMPLE_IDS, REPORT_TOP_REASONS);
+                      DASH_LIVE_DEAD, REPORT_EXAMPLE_IDS, REPORT_TOP_REASONS,
+                      DASH_LIVE_SCAN);
     return json_sql(c, live, 1, p, err, errlen);
   }
   if (!(rep = batch_report(c, t, batch, err, errlen)))

@@ -492,6 +492,57 @@ for i in range(500):
   stop_dashboard
 }
 
+# queue_reads: the queue table's rows read so far by sequential scans and fetched through
+# indexes (pg_stat_user_tables, as the server has them).
+queue_reads() {
+  q "select seq_tup_read + coalesce(idx_tup_fetch, 0) from pg_stat_user_tables
+      where relid = 'agent_work_queue'::regclass"
+}
+
+case_a_running_batchs_page_reads_a_bounded_part_of_its_rows() {
+  run_setup
+  local port n=100000 before after
+  port=$(free_port)
+  # A running batch of 100,000 rows written by hand: 99,600 done within the last hour (an
+  # attempt each), 100 dead with two reasons, 300 pending; vacuumed, as autovacuum would.
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, attempts,
+       started_at, run_started_at, finished_at, last_error)
+     select 't', 's' || i, '{}', 'big', case when i <= 99600 then 'done' when i <= 99700 then 'dead' else 'pending' end,
+            case when i <= 99700 then 1 else 0 end,
+            case when i <= 99700 then now() - interval '50 minutes' + interval '30 ms' * i end,
+            case when i <= 99700 then now() - interval '50 minutes' + interval '30 ms' * i end,
+            case when i <= 99700 then now() - interval '50 minutes' + interval '30 ms' * i + interval '1 ms' * (i % 97) end,
+            case when i > 99600 and i <= 99700 then case when i % 2 = 0 then 'quota' else 'bad input' end end
+       from generate_series(1, $n) i;
+     insert into agent_work_queue_attempts (task_id, lease_token, attempt, worker, claimed_at,
+       run_started_at, finished_at, kind, status)
+     select id, id, 1, 'w', started_at, run_started_at, finished_at, status, status
+       from agent_work_queue where status in ('done', 'dead')" >/dev/null
+  psql -X -q -d "$DATABASE_URL" -c "vacuum analyze agent_work_queue" -c "vacuum analyze agent_work_queue_attempts" >/dev/null
+  before=$(queue_reads)
+  # Two looks (start_dashboard's, then the page), then the dashboard's session ends: its
+  # counters are the server's once its backend is gone.
+  start_dashboard "$port"
+  http GET "http://127.0.0.1:$port/?batch=big" >"$T_TMP/big.html"
+  stop_dashboard
+  wait_for "the dashboard's session to end" 60 q_true "select count(*) = 0 from pg_stat_activity
+    where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'"
+  after=$(queue_reads)
+  # A pass over the batch would read its 100,000 rows per look (the report alone, once): a
+  # look reads at most the 5,000 newest attempts of the sample, the first claim's 1,000,
+  # the chart's 10,000 (each checked by key), the dead and the open rows: 16,400.
+  (((after - before) <= 2 * 16400)) || fail "two looks at the running batch read $((after - before)) of the queue's rows"
+  echo "two looks read $((after - before)) queue rows (batch of $n)" >&2
+  assert_contains "the page shows the batch running" "$(cat "$T_TMP/big.html")" "id=live-note>Running"
+  # And its numbers are SQL's (a third look).
+  start_dashboard "$port"
+  overview_check "$port" "?batch=big"
+  assert_eq "the page's report of big" "$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1]))["report"]; k=r["counts"]
+print(r["total"], k["done"], k["dead"], k["pending"], r["duration_s"]["count"], r["live"]["attempts_read"], r["dead_reasons_total"], r["dead_reasons"][0]["count"])' "$T_TMP/overview.json")" \
+    "100000 99600 100 300 $(q "select count(*) filter (where kind = 'done') from (select kind from agent_work_queue_attempts order by finished_at desc limit 2000) s") 2000 2 50"
+  stop_dashboard
+}
+
 case_a_task_page_shows_its_attempt_history_as_sql_has_it() {
   run_setup
   local port id
