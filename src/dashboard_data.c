@@ -150,6 +150,7 @@ static const char live_fmt[] =
   "                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
   "  'wall_s', extract(epoch FROM a.last_finish - f.first_claim)::float8,"
   "  'live', json_build_object('attempts_read', a.sampled, 'attempts_limit', %4$d,"
+  "                            'scan_limit', %8$d,"
   "                            'dead_read', (SELECT count(*) FROM dr), 'dead_limit', %5$d))::text"
   "  FROM k, a, f";
 

@@ -28,7 +28,7 @@
    "report": report.c's JSON for B (plus "kept": it was the kept one; while B runs, the
    live report instead: the same counts, total, settled, duration_s, dead_reasons,
    dead_reasons_total, first_claim_at, last_finish_at, wall_s, with retries, retried_tasks
-   and usage null, and "live": {attempts_read, attempts_limit, dead_read, dead_limit}: how
+   and usage null, and "live": {attempts_read, attempts_limit, scan_limit, dead_read, dead_limit}: how
    much of its attempts and dead rows was read) or null, "minutes" (while B runs: from the
    attempt history, with "from_attempts": true and "truncated"):
    {"now": epoch of this minute, "rows": [{t, done, dead, retried}]} (B's outcomes per

@@ -324,10 +324,10 @@ static void section_batch(struct buf *b, json_t *o)
     seconds(b, json_object_get(rep, "wall_s"));
     buf_printf(b, "</p><p class=note id=live-note>Running: the counts are exact; the "
                   "durations are those of the done attempts among the batch's newest %lld "
-                  "attempts (a sample), the wall so far starts at the earliest claim among "
-                  "its first attempts to finish (approximate); retries and tokens are "
-                  "counted once the batch finishes.",
-               num(live, "attempts_limit"));
+                  "attempts (of the queue's newest %lld: a sample), the wall so far starts "
+                  "at the earliest claim among its first attempts to finish (approximate); "
+                  "retries and tokens are counted once the batch finishes.",
+               num(live, "attempts_limit"), num(live, "scan_limit"));
     if (num(live, "dead_read") < num(json_object_get(rep, "counts"), "dead"))
       buf_printf(b, " Dead reasons from %lld of its %lld dead tasks.", num(live, "dead_read"),
                  num(json_object_get(rep, "counts"), "dead"));

@@ -447,7 +447,7 @@ $(q "select coalesce(string_agg(n || ' ' || r || ' ' || i, ';' order by n desc, 
 $(q "select count(*) || ' ' || coalesce(round((percentile_disc(0.5) within group (order by $run))::numeric, 6)::text, 'None')
            || ' ' || coalesce(round((percentile_disc(0.95) within group (order by $run))::numeric, 6)::text, 'None')
            || ' ' || coalesce(round(max($run)::numeric, 6)::text, 'None') from agent_work_queue_attempts where $d")
-['attempts_limit', 'attempts_read', 'dead_limit', 'dead_read']"
+['attempts_limit', 'attempts_read', 'dead_limit', 'dead_read', 'scan_limit']"
   http GET "http://127.0.0.1:$port/?batch=$batch" >"$T_TMP/live.html"
   assert_contains "$what: the page says what is a sample" "$(cat "$T_TMP/live.html")" "id=live-note>Running: the counts are exact"
 }
