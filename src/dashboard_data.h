@@ -4,9 +4,12 @@
  * bench/dashboard.sh): the batch list skip-scans batch_open_idx (one probe per open batch)
  * and reads the batch totals the INSERT and DELETE triggers keep; a finished batch's
  * numbers are its kept report (computed once, checked against the attempts since the last
- * look); an open batch's are a pass over its rows through batch_idx, the cost of `leash
- * status --batch`; workers read leased rows only (one_lease_per_shard); holds, budgets and
- * canaries are small tables; a task's attempts are read by its key. Every list has a LIMIT.
+ * look); a running batch's are counted exactly from the totals and the open, leased and
+ * dead rows' indexes (sql/024), its durations, chart and dead reasons read from bounded
+ * parts of the attempt history and its dead rows (live_fmt: a look reads about 16,000 rows
+ * by key at most, whatever the batch's size); workers read leased rows only
+ * (one_lease_per_shard); holds, budgets and canaries are small tables; a task's attempts
+ * are read by its key. Every list has a LIMIT.
  * Actions call what the CLI commands call (queue.c for requeue and cancel, <table>_hold /
  * _unhold as leash pause).
  */
@@ -22,7 +25,12 @@
 #define DASH_WORKER_IDS 10
 
 /* {"selected": B or null, "batches": [{batch,total,open,pending,leased,done,dead,kept}],
-   "report": report.c's JSON for B (plus "kept": it was the kept one) or null, "minutes":
+   "report": report.c's JSON for B (plus "kept": it was the kept one; while B runs, the
+   live report instead: the same counts, total, settled, duration_s, dead_reasons,
+   dead_reasons_total, first_claim_at, last_finish_at, wall_s, with retries, retried_tasks
+   and usage null, and "live": {attempts_read, attempts_limit, scan_limit, dead_read, dead_limit}: how
+   much of its attempts and dead rows was read) or null, "minutes" (while B runs: from the
+   attempt history, with "from_attempts": true and "truncated"):
    {"now": epoch of this minute, "rows": [{t, done, dead, retried}]} (B's outcomes per
    minute, last hour, by finished_at; no rows when B finished over an hour ago), "previous":
    {batch, how ("name" or "previous"), total, counts, wall_s, duration_s, first_claim_at,

@@ -297,8 +297,17 @@ static void section_batch(struct buf *b, json_t *o)
   counts(b, k, "n-");
   buf_puts(b, "</p>");
   bar(b, k, BAR_W, 28, "bar");
-  buf_puts(b, "<h3>Settled per minute, last hour (by each task's last settle)</h3>");
-  chart(b, json_object_get(o, "minutes"));
+  /* A running batch's numbers (dashboard_data.c, live_fmt): exact counts; the rest read
+     from its newest attempts, and the page says which. */
+  json_t *live = json_object_get(rep, "live"), *mins = json_object_get(o, "minutes");
+  if (json_is_true(json_object_get(mins, "from_attempts")))
+    buf_printf(b, "<h3>Settles per minute, last hour (every attempt, from the attempt "
+                  "history%s)</h3>",
+               json_is_true(json_object_get(mins, "truncated"))
+                 ? "; its newest attempts only, the older minutes left out" : "");
+  else
+    buf_puts(b, "<h3>Settled per minute, last hour (by each task's last settle)</h3>");
+  chart(b, mins);
   /* Classes, not style attributes: the Content-Security-Policy allows no inline style. */
   buf_puts(b, "<p class=legend><i class=lg-done></i>done <i class=lg-retried></i>retried "
               "(waiting) <i class=lg-dead></i>dead</p>");
@@ -310,10 +319,25 @@ static void section_batch(struct buf *b, json_t *o)
   seconds(b, json_object_get(d, "p95"));
   buf_puts(b, ", max ");
   seconds(b, json_object_get(d, "max"));
-  buf_printf(b, "; %lld retries over %lld tasks; wall ", num(rep, "retries"),
-             num(rep, "retried_tasks"));
-  seconds(b, json_object_get(rep, "wall_s"));
-  buf_puts(b, "</p>");
+  if (json_is_object(live)) {
+    buf_puts(b, "; wall so far ");
+    seconds(b, json_object_get(rep, "wall_s"));
+    buf_printf(b, "</p><p class=note id=live-note>Running: the counts are exact; the "
+                  "durations are those of the done attempts among the batch's newest %lld "
+                  "attempts (of the queue's newest %lld: a sample), the wall so far starts "
+                  "at the earliest claim among its first attempts to finish (approximate); "
+                  "retries and tokens are counted once the batch finishes.",
+               num(live, "attempts_limit"), num(live, "scan_limit"));
+    if (num(live, "dead_read") < num(json_object_get(rep, "counts"), "dead"))
+      buf_printf(b, " Dead reasons from %lld of its %lld dead tasks.", num(live, "dead_read"),
+                 num(json_object_get(rep, "counts"), "dead"));
+    buf_puts(b, "</p>");
+  } else {
+    buf_printf(b, "; %lld retries over %lld tasks; wall ", num(rep, "retries"),
+               num(rep, "retried_tasks"));
+    seconds(b, json_object_get(rep, "wall_s"));
+    buf_puts(b, "</p>");
+  }
   compare(b, rep, json_object_get(o, "previous"));
   json_t *reasons = json_object_get(rep, "dead_reasons"), *r, *id;
   size_t i, j;
@@ -335,7 +359,10 @@ static void section_batch(struct buf *b, json_t *o)
     buf_puts(b, "</table>");
   json_t *usage = json_object_get(rep, "usage"), *u;
   buf_puts(b, "<h3>Tokens and cost (leash.usage and budgeted calls)</h3>");
-  if (json_array_size(usage) == 0)
+  if (json_is_object(live))
+    buf_puts(b, "<p class=empty>Counted once the batch finishes (a pass over its calls); "
+                "leash report --batch counts them now.</p>");
+  else if (json_array_size(usage) == 0)
     buf_puts(b, "<p class=empty>No usage recorded for this batch.</p>");
   else
     buf_puts(b, "<table id=usage><tr><th>budget</th><th>model</th><th>calls</th><th>input</th>"

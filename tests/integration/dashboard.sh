@@ -417,6 +417,145 @@ for k in range(300): print(json.dumps({"payload": {}, "batch": "par"}))' >"$T_TM
   stop_dashboard
 }
 
+# live_check PORT BATCH: the running batch's page (/api/overview?batch=B) against SQL: its
+# counts and total exact (in the report and in the list), its dead reasons (every dead row
+# read: fewer than the page's limit), its durations those of its done attempts (fewer than
+# the sample's limit: all of them), and the HTML says which numbers are a sample.
+live_check() {
+  local port=$1 batch=$2 what=$3
+  overview_check "$port" "?batch=$batch"
+  "$PY" - "$T_TMP/overview.json" >"$T_TMP/live.txt" <<'PY' || fail "live report: $(cat "$T_TMP/overview.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))["report"]
+k = r["counts"]
+print(r["total"], k["pending"], k["leased"], k["done"], k["dead"], r["settled"])
+print(";".join(f'{e["count"]} {e["reason"]} {e["example_ids"][0]}' for e in r["dead_reasons"]))
+d = r["duration_s"]
+print(d["count"], *("None" if d[k] is None else f"{d[k]:.6f}" for k in ("p50", "p95", "max")))
+print(sorted(r["live"]))
+PY
+  local b="batch = '$batch'" d="kind = 'done' and task_id in (select id from agent_work_queue where batch = '$batch')"
+  local run="greatest(extract(epoch from finished_at - coalesce(run_started_at, claimed_at)), 0)::float8"
+  assert_eq "$what: the live report against SQL" "$(cat "$T_TMP/live.txt")" "$(q "
+    select count(*) || ' ' || count(*) filter (where status = 'pending') || ' ' ||
+           count(*) filter (where status = 'leased') || ' ' || count(*) filter (where status = 'done')
+           || ' ' || count(*) filter (where status = 'dead') || ' False' from agent_work_queue where $b")
+$(q "select coalesce(string_agg(n || ' ' || r || ' ' || i, ';' order by n desc, r), '') from (
+       select coalesce(nullif(left(split_part(last_error, E'\n', 1), 200), ''), '(no message)') r,
+              count(*) n, min(id) i from agent_work_queue where $b and status = 'dead' group by 1
+        order by 2 desc, 1 limit 5) x")
+$(q "select count(*) || ' ' || coalesce(round((percentile_disc(0.5) within group (order by $run))::numeric, 6)::text, 'None')
+           || ' ' || coalesce(round((percentile_disc(0.95) within group (order by $run))::numeric, 6)::text, 'None')
+           || ' ' || coalesce(round(max($run)::numeric, 6)::text, 'None') from agent_work_queue_attempts where $d")
+['attempts_limit', 'attempts_read', 'dead_limit', 'dead_read', 'scan_limit']"
+  http GET "http://127.0.0.1:$port/?batch=$batch" >"$T_TMP/live.html"
+  assert_contains "$what: the page says what is a sample" "$(cat "$T_TMP/live.html")" "id=live-note>Running: the counts are exact"
+}
+
+case_a_running_batchs_numbers_equal_sql_as_tasks_settle_and_after_a_requeue_and_a_change_by_hand() {
+  run_setup
+  write_script
+  local port
+  port=$(free_port)
+  # One batch over three tenants, every fifth task dead with one of two reasons: drained a
+  # tenant at a time, so it runs still (tc pending) while it is looked at.
+  "$PY" -c 'import json
+for i in range(500):
+    p = {"die": "quota" if i % 10 == 0 else "bad input"} if i % 5 == 0 else {}
+    print(json.dumps({"payload": p, "batch": "live", "tenant_id": "ta" if i < 250 else "tb" if i < 450 else "tc"}))' \
+    >"$T_TMP/live.jsonl"
+  enqueue_file "$T_TMP/live.jsonl" 500
+  start_dashboard "$port"
+  live_check "$port" live "nothing run yet"
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 4 --tenant ta
+  live_check "$port" live "tenant ta settled"
+  expect_exit 0 "$LEASH" run "$T_TMP/batch.lua" --until-empty --concurrency 4 --tenant tb
+  live_check "$port" live "tenants ta and tb settled"
+  # A requeue of its dead (no attempt written): the counts follow at once.
+  expect_exit 0 "$LEASH" requeue --dead --batch live --tenant ta
+  live_check "$port" live "ta's dead requeued"
+  # Changes by hand, none through leash: done rows made pending and dead, pending made done.
+  q "update agent_work_queue set status = 'pending', run_after = now() + interval '1 hour'
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tb'
+                     and status = 'done' order by id limit 7);
+     update agent_work_queue set status = 'dead', last_error = 'made dead by hand'
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tb'
+                     and status = 'done' order by id limit 3);
+     update agent_work_queue set status = 'done', finished_at = now()
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tc'
+                     order by id limit 11)" >/dev/null
+  live_check "$port" live "after changes by hand"
+  # A row added to it and one deleted: the total follows.
+  "$LEASH" enqueue --batch live --tenant tc '{}' >/dev/null
+  q "delete from agent_work_queue where id = (select min(id) from agent_work_queue where batch = 'live' and tenant_id = 'tb' and status = 'done')" >/dev/null
+  live_check "$port" live "after an enqueue and a delete"
+  # Rows moved into a batch by hand (UPDATE ... SET batch: its total does not follow): the
+  # live counts cannot hold (more open rows than its total), so it is counted by a pass.
+  q "update agent_work_queue set batch = 'moved'
+      where id in (select id from agent_work_queue where batch = 'live' and tenant_id = 'tc'
+                     and status = 'pending' order by id limit 4)" >/dev/null
+  http GET "http://127.0.0.1:$port/api/overview?batch=moved" | tail -n +2 >"$T_TMP/moved.json"
+  assert_eq "a batch of rows moved by hand, counted" "$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1]))
+r=d["report"]; k=r["counts"]; b=[x for x in d["batches"] if x["batch"] == "moved"][0]
+print(r["total"], k["pending"], k["done"], "live" in r, b["total"], b["pending"], b["done"])' "$T_TMP/moved.json")" "4 4 0 False 4 4 0"
+  http GET "http://127.0.0.1:$port/api/overview?batch=live" | tail -n +2 >"$T_TMP/moved.json"
+  assert_eq "the same batch listed beside another" "$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1]))
+b=[x for x in d["batches"] if x["batch"] == "moved"][0]
+print(b["total"], b["pending"], b["leased"], b["done"], b["dead"])' "$T_TMP/moved.json")" "4 4 0 0 0"
+  stop_dashboard
+}
+
+# queue_reads: the queue table's rows read so far by sequential scans and fetched through
+# indexes (pg_stat_user_tables, as the server has them).
+queue_reads() {
+  q "select seq_tup_read + coalesce(idx_tup_fetch, 0) from pg_stat_user_tables
+      where relid = 'agent_work_queue'::regclass"
+}
+
+case_a_running_batchs_page_reads_a_bounded_part_of_its_rows() {
+  run_setup
+  local port n=100000 before after
+  port=$(free_port)
+  # A running batch of 100,000 rows written by hand: 99,600 done within the last hour (an
+  # attempt each), 100 dead with two reasons, 300 pending; vacuumed, as autovacuum would.
+  q "insert into agent_work_queue (tenant_id, shard_key, payload, batch, status, attempts,
+       started_at, run_started_at, finished_at, last_error)
+     select 't', 's' || i, '{}', 'big', case when i <= 99600 then 'done' when i <= 99700 then 'dead' else 'pending' end,
+            case when i <= 99700 then 1 else 0 end,
+            case when i <= 99700 then now() - interval '50 minutes' + interval '30 ms' * i end,
+            case when i <= 99700 then now() - interval '50 minutes' + interval '30 ms' * i end,
+            case when i <= 99700 then now() - interval '50 minutes' + interval '30 ms' * i + interval '1 ms' * (i % 97) end,
+            case when i > 99600 and i <= 99700 then case when i % 2 = 0 then 'quota' else 'bad input' end end
+       from generate_series(1, $n) i;
+     insert into agent_work_queue_attempts (task_id, lease_token, attempt, worker, claimed_at,
+       run_started_at, finished_at, kind, status)
+     select id, id, 1, 'w', started_at, run_started_at, finished_at, status, status
+       from agent_work_queue where status in ('done', 'dead')" >/dev/null
+  psql -X -q -d "$DATABASE_URL" -c "vacuum analyze agent_work_queue" -c "vacuum analyze agent_work_queue_attempts" >/dev/null
+  before=$(queue_reads)
+  # Two looks (start_dashboard's, then the page), then the dashboard's session ends: its
+  # counters are the server's once its backend is gone.
+  start_dashboard "$port"
+  http GET "http://127.0.0.1:$port/?batch=big" >"$T_TMP/big.html"
+  stop_dashboard
+  wait_for "the dashboard's session to end" 60 q_true "select count(*) = 0 from pg_stat_activity
+    where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'"
+  after=$(queue_reads)
+  # A pass over the batch would read its 100,000 rows per look (the report alone, once): a
+  # look reads at most the 5,000 newest attempts of the sample, the first claim's 1,000,
+  # the chart's 10,000 (each checked by key), the dead and the open rows: 16,400.
+  (((after - before) <= 2 * 16400)) || fail "two looks at the running batch read $((after - before)) of the queue's rows"
+  echo "two looks read $((after - before)) queue rows (batch of $n)" >&2
+  assert_contains "the page shows the batch running" "$(cat "$T_TMP/big.html")" "id=live-note>Running"
+  # And its numbers are SQL's (a third look).
+  start_dashboard "$port"
+  overview_check "$port" "?batch=big"
+  assert_eq "the page's report of big" "$("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1]))["report"]; k=r["counts"]
+print(r["total"], k["done"], k["dead"], k["pending"], r["duration_s"]["count"], r["live"]["attempts_read"], r["dead_reasons_total"], r["dead_reasons"][0]["count"])' "$T_TMP/overview.json")" \
+    "100000 99600 100 300 $(q "select count(*) filter (where kind = 'done') from (select kind from agent_work_queue_attempts order by finished_at desc limit 2000) s") 2000 2 50"
+  stop_dashboard
+}
+
 case_a_task_page_shows_its_attempt_history_as_sql_has_it() {
   run_setup
   local port id
