@@ -6,7 +6,7 @@
 -- read or written: the settle's wakes found the settled rows by id twice more, the claim
 -- read its picks again to keep one per shard, and the hand-over's UPDATE was planned as a
 -- walk of the whole table by primary key (every row not a head: in a drain, every row done
--- so far) joined to the shards that had a next row, a cost that grew with the table. Four
+-- so far) joined to the shards that had a next row, a cost that grew with the table. Five
 -- changes, none to what a claim or a settle decides:
 --
 -- 1. The settle keeps its answer, and what its wakes need, in arrays: the rows that ended
@@ -24,10 +24,13 @@
 -- 4. The claim's picks carry their shards; a shard has one head, so they are distinct save
 --    for a shard with two (011 allows it in a race), and only then are the picked rows read
 --    again to keep one per shard.
+-- 5. A settled row's wake lock is shared (below).
 --
 -- Same protocol for the wakes (019): a settled row's lock is taken before its waiters are
 -- looked for, a waiter takes the locks of the tasks it still sees unsettled before it looks
--- again; only where the ids come from changed. Signatures unchanged: cycle, cycle_rows,
+-- again; where the ids come from changed, and a settled row's lock is now shared (a waiter's
+-- stays exclusive): settles whose ids fell in one of the 1,024 buckets used to queue on each
+-- other until commit, across processes. Signatures unchanged: cycle, cycle_rows,
 -- reap and cancel call these as they did.
 
 -- ---------------------------------------------------------------- hand-over
@@ -79,22 +82,29 @@ DECLARE
 BEGIN
   -- 1. The settled rows' locks, and the locks of the tasks our waiters still see unsettled
   -- (019: then every settle that could finish one of them has committed, or waits for our
-  -- commit and looks after it). Blocking locks, so in key order.
+  -- commit and looks after it). A settled row's lock is shared: it only has to meet a
+  -- waiter's, never another settle's (two settles meet on the waiter's row lock, step 2),
+  -- so settles of ids in one bucket do not queue on each other until commit as they did.
+  -- A waiter's is exclusive. Blocking locks, so in key order (a key both a settled row's and
+  -- an awaited task's is taken once, exclusive).
   IF p_waiting IS NULL THEN
-    PERFORM pg_advisory_xact_lock(k1, b.key)
+    PERFORM pg_advisory_xact_lock_shared(k1, b.key)
        FROM (SELECT DISTINCT {{obj:wait_lock_key}}(x.id) AS key
                FROM unnest(p_final) AS x(id)
               ORDER BY 1) b;
   ELSE
-    PERFORM pg_advisory_xact_lock(k1, b.key)
-       FROM (SELECT DISTINCT {{obj:wait_lock_key}}(x.id) AS key
-               FROM (SELECT f.id FROM unnest(p_final) AS f(id)
-                     UNION
-                     SELECT a.id FROM {{table}} w
+    PERFORM CASE WHEN b.excl THEN pg_advisory_xact_lock(k1, b.key)
+                 ELSE pg_advisory_xact_lock_shared(k1, b.key) END
+       FROM (SELECT x.key, bool_or(x.excl) AS excl
+               FROM (SELECT {{obj:wait_lock_key}}(f.id) AS key, false AS excl
+                       FROM unnest(p_final) AS f(id)
+                     UNION ALL
+                     SELECT {{obj:wait_lock_key}}(a.id), true FROM {{table}} w
                       CROSS JOIN LATERAL unnest(w.wait_ids) AS a(id)
                        JOIN {{table}} c ON c.id = a.id
                       WHERE w.id = ANY (p_waiting) AND c.status IN ('pending', 'leased')) x
-              ORDER BY 1) b;
+              GROUP BY x.key
+              ORDER BY x.key) b;
   END IF;
   -- 2. The candidates, locked in id order: our waiters, and the committed waiters of the
   -- rows settled here.
