@@ -8,6 +8,7 @@
 #include "migrate.h"
 #include "record.h"
 #include "report.h"
+#include "settler.h"
 #include "slot.h"
 
 #include <math.h>
@@ -69,6 +70,7 @@ struct dispatcher {
   int nready;
   PGconn *conn;
   struct queue *q;
+  struct settler *settler;          /* the settle connection (settler.h), or NULL */
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt;                   /* moving average (s) of the cycle's round trip */
@@ -96,9 +98,12 @@ static int until_empty_settled(struct dispatcher *d, const struct turn *t);
 static void wait_for_news(struct dispatcher *d, const struct turn *t);
 static struct task *hand_back(void *arg, struct slot *s, struct task *t);
 static int ensure_connection(struct dispatcher *d);
+static void start_settler(struct dispatcher *d);
 static double next_backoff(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static int cycle(struct dispatcher *d, struct task *list, int want);
+static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int want);
+static void settled(struct dispatcher *d, struct task *keep, const char *applied);
 static struct task *drop_lost(struct dispatcher *d, struct task *list, int *n);
 static int ready_target(const struct dispatcher *d);
 static void note_duration(struct dispatcher *d, double seconds);
@@ -169,6 +174,7 @@ PGconn *dispatcher_conn(struct dispatcher *d)
 int dispatcher_start_slots(struct dispatcher *d)
 {
   char err[DB_ERR_MAX];
+  start_settler(d);   /* here: after the signal thread (host.c), so it blocks signals too */
   for (; d->started < d->h->cfg->concurrency; d->started++) {
     struct slot *s = &d->slots[d->started];
     if (slot_start(s, &d->env, d->started, &d->h->watch[d->started], err, sizeof err) != 0) {
@@ -206,6 +212,7 @@ void dispatcher_free(struct dispatcher *d)
   }
   free(d->slots);
   free(d->idle);
+  settler_stop(d->settler);
   queue_free(d->q);
   PQfinish(d->conn);
   free(d);
@@ -471,6 +478,22 @@ int dispatcher_connect(struct dispatcher *d, char *err, size_t errlen)
   }
 }
 
+/* The settle connection, for a process with more than one slot (one slot's turns rarely
+   have both an outcome and a claim to make, and a connection each would double a fleet of
+   one-slot workers' connections). Without it (no memory, no thread), outcomes go on the
+   claim connection as they always could. */
+static void start_settler(struct dispatcher *d)
+{
+  const struct host *h = d->h;
+  if (h->cfg->concurrency < 2 || d->settler)
+    return;
+  struct queue *q = queue_new(d->conn, &h->table, h->cfg->worker_id, h->cfg->visibility);
+  if (!q)
+    return;
+  queue_set_backoff(q, h->cfg->backoff_base, h->cfg->backoff_cap, h->cfg->backoff_jitter);
+  d->settler = settler_start(h->cfg->conninfo, q);
+}
+
 /* 1 when the claim connection is usable; else reconnects, waiting with capped backoff. */
 static int ensure_connection(struct dispatcher *d)
 {
@@ -537,6 +560,32 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
   struct task *keep = drop_lost(d, list, &n);
   if (n == 0 && want == 0)
     return 0;
+  /* Outcomes and a claim: the settle goes on the settle connection while the claim runs on
+     this one (settler.h). Shards settled there are handed over in its transaction, so their
+     next rows are claimable from the next turn on (in one cycle, from this one). */
+  char *applied = n > 0 && want > 0 && d->settler ? malloc((size_t)n) : NULL;
+  if (applied && settler_begin(d->settler, keep, n, applied, &d->h->cfg->scope) == 0) {
+    int got = claim_and_settle(d, NULL, 0, want);
+    char err[DB_ERR_MAX];
+    if (settler_end(d->settler, err, sizeof err) == 0) {
+      settled(d, keep, applied);
+      free(applied);
+      return got;
+    }
+    free(applied);
+    log_warn("settle connection: %s; writing %d outcome%s on the claim connection", err, n,
+             n == 1 ? "" : "s");
+    claim_and_settle(d, keep, n, 0);
+    return got;
+  }
+  free(applied);
+  return claim_and_settle(d, keep, n, want);
+}
+
+/* One round trip on the claim connection, retried while the database is away: writes keep's
+   n outcomes (they are finished here) and claims `want` rows. */
+static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int want)
+{
   char *applied = malloc((size_t)(n > 0 ? n : 1));
   char err[DB_ERR_MAX];
   /* A database that is away comes back (restart, failover): keep the outcomes and retry
@@ -553,16 +602,7 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
     if (got >= 0) {
       double rtt = task_now() - start;
       d->avg_rtt = d->avg_rtt > 0 ? 0.9 * d->avg_rtt + 0.1 * rtt : rtt;
-      int i = 0;
-      while (keep) {
-        struct task *t = keep;
-        keep = t->next;
-        if (applied[i] == SETTLED_AGAIN)
-          settle_later(d, t);
-        else
-          finish_task(d, t, applied[i]);
-        i++;
-      }
+      settled(d, keep, applied);
       free(applied);
       atomic_fetch_add(&d->h->stats.claimed, got);
       histogram_observe(&d->h->stats.cycle_seconds, rtt);
@@ -591,6 +631,22 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
     finish_task(d, t, -1);
   }
   return -1;
+}
+
+/* What the fenced writes of keep's outcomes did (applied, in list order): finished, or to be
+   written again shortly. */
+static void settled(struct dispatcher *d, struct task *keep, const char *applied)
+{
+  int i = 0;
+  while (keep) {
+    struct task *t = keep;
+    keep = t->next;
+    if (applied[i] == SETTLED_AGAIN)
+      settle_later(d, t);
+    else
+      finish_task(d, t, applied[i]);
+    i++;
+  }
 }
 
 /* The outcomes of list that may still be written (*n of them, in order); a task whose lease
