@@ -480,12 +480,12 @@ int dispatcher_connect(struct dispatcher *d, char *err, size_t errlen)
 
 /* The settle connection, for a process with more than one slot (one slot's turns rarely
    have both an outcome and a claim to make, and a connection each would double a fleet of
-   one-slot workers' connections). Without it (no memory, no thread), outcomes go on the
-   claim connection as they always could. */
+   one-slot workers' connections) unless --one-connection. Without it (that flag, no
+   memory, no thread), outcomes go on the claim connection as they always could. */
 static void start_settler(struct dispatcher *d)
 {
   const struct host *h = d->h;
-  if (h->cfg->concurrency < 2 || d->settler)
+  if (h->cfg->concurrency < 2 || h->cfg->one_connection || d->settler)
     return;
   struct queue *q = queue_new(d->conn, &h->table, h->cfg->worker_id, h->cfg->visibility);
   if (!q)

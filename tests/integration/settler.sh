@@ -68,4 +68,25 @@ case_a_settle_connection_killed_again_and_again_loses_no_outcome() {
   every_task_written_once 3000
 }
 
+# 3. --one-connection, and a process of one slot: no settle connection; everything still done.
+case_one_connection_and_one_slot_open_no_settle_connection() {
+  local opts
+  for opts in "--concurrency 4 --one-connection" "--concurrency 1"; do
+    run_setup "${opts//[^a-z0-9]/_}"
+    seq 1 1000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
+    enqueue_file "$T_TMP/tasks.jsonl" 1000
+    # shellcheck disable=SC2086 # the options are words
+    start_worker A "$FIX/record.lua" $opts --poll-ms 20-50 --until-empty
+    local seen=0 deadline=$(($(_t_now_us) + 120 * 1000000))
+    while ! exited "${W_PID[A]}"; do
+      (($(_t_now_us) < deadline)) || fail "$opts: the drain did not end in 120 s: $(status_counts)"
+      has_settle_backend && seen=$((seen + 1))
+      sleep 0.05
+    done
+    assert_worker_exit A 10 0
+    assert_eq "$opts: looks that saw a settle connection" "$seen" 0
+    every_task_written_once 1000
+  done
+}
+
 t_run "$@"
