@@ -560,10 +560,12 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
   struct task *keep = drop_lost(d, list, &n);
   if (n == 0 && want == 0)
     return 0;
-  /* Outcomes and a claim: the settle goes on the settle connection while the claim runs on
-     this one (settler.h). Shards settled there are handed over in its transaction, so their
-     next rows are claimable from the next turn on (in one cycle, from this one). */
-  char *applied = n > 0 && want > 0 && d->settler ? malloc((size_t)n) : NULL;
+  /* Outcomes and a claim while claims come back full: the settle goes on the settle
+     connection while the claim runs on this one (settler.h). Shards settled there are handed
+     over in its own transaction, so their next rows are claimable from the next turn on; in
+     one cycle the claim takes them at once. So when claims come back short (work is scarce:
+     one shard's tasks one after another, the end of a drain), the cycle does both. */
+  char *applied = n > 0 && want > 0 && d->settler && d->pace.more ? malloc((size_t)n) : NULL;
   if (applied && settler_begin(d->settler, keep, n, applied, &d->h->cfg->scope) == 0) {
     int got = claim_and_settle(d, NULL, 0, want);
     char err[DB_ERR_MAX];
