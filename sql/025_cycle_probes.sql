@@ -16,8 +16,9 @@
 --    its finished rows stays; it is one probe per row of an index that only waiters are
 --    in). wait_events is called only when a row went to a wait on an event. 019's
 --    wait_wake(ids) stays for the reaper's expiry and cancel, which have no such answer.
--- 2. The hand-over finds each shard's next row into an array first, then updates by id: no
---    plan can walk the table for it any more.
+-- 2. The hand-over's UPDATE takes its rows from the probe as an array (one InitPlan), so it
+--    finds them by primary key: no plan can walk the table for it any more. Still one
+--    statement, probe and update in one snapshot, as 011 wrote it.
 -- 3. The hand-over locks are taken in no order: they are try-only and never wait, so the
 --    sort of the settled rows by shard (text) bought nothing. The steps are deleted through
 --    their primary key by plain index scans (a bitmap scan per settled row was chosen).
@@ -25,6 +26,12 @@
 --    for a shard with two (011 allows it in a race), and only then are the picked rows read
 --    again to keep one per shard.
 -- 5. A settled row's wake lock is shared (below).
+-- 6. A lease's started_at is the moment of its UPDATE (clock_timestamp()), not the claim
+--    transaction's start (now()): a claim's statements each take a fresh snapshot, so a row
+--    handed over by a settle that committed while the claim ran could be leased with a
+--    start earlier than its predecessor's (the claims of one shard then looked out of
+--    order, and its queue wait and run time were off by the claim's length). With the
+--    settle connection (src/settler.c) a process's claim and settle always overlap.
 --
 -- Same protocol for the wakes (019): a settled row's lock is taken before its waiters are
 -- looked for, a waiter takes the locks of the tasks it still sees unsettled before it looks
@@ -34,29 +41,26 @@
 -- reap and cancel call these as they did.
 
 -- ---------------------------------------------------------------- hand-over
+-- 011's statement, one snapshot as before, with the rows to update named by an array taken
+-- from the CTE (an InitPlan, evaluated once): the UPDATE then finds them by primary key.
 CREATE OR REPLACE FUNCTION {{obj:lane_handover}}(p_tenants text[], p_shards text[]) RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
-DECLARE
-  nxt bigint[];
 BEGIN
-  -- Each shard's next pending row (one probe; most settled shards, a task's own
-  -- `task:<id>`, have none), then the two checks for the shards that have one, in a fresh
-  -- snapshot (a row found here may have been made a head, or leased, since: checked again).
-  SELECT array_agg(p.id) INTO nxt
-    FROM (SELECT DISTINCT u.tenant_id, u.shard_key
-            FROM unnest(p_tenants, p_shards) AS u(tenant_id, shard_key)) k
-    CROSS JOIN LATERAL (
-      SELECT t.id FROM {{table}} t
-       WHERE t.tenant_id = k.tenant_id AND t.shard_key = k.shard_key AND t.status = 'pending'
-       ORDER BY t.run_after, t.id
-       LIMIT 1) p;
-  IF nxt IS NULL THEN
-    RETURN;
-  END IF;
+  -- Each shard's next pending row first (one probe; most settled shards, a task's own
+  -- `task:<id>`, have none), then the two checks for the shards that have one.
+  WITH n AS MATERIALIZED (
+    SELECT p.id
+      FROM (SELECT DISTINCT u.tenant_id, u.shard_key
+              FROM unnest(p_tenants, p_shards) AS u(tenant_id, shard_key)) k
+      CROSS JOIN LATERAL (
+        SELECT t.id FROM {{table}} t
+         WHERE t.tenant_id = k.tenant_id AND t.shard_key = k.shard_key AND t.status = 'pending'
+         ORDER BY t.run_after, t.id
+         LIMIT 1) p)
   UPDATE {{table}} q SET is_head = true
-   WHERE q.id = ANY (nxt) AND q.status = 'pending' AND q.is_head IS NOT TRUE
+   WHERE q.id = ANY (ARRAY(SELECT n.id FROM n)) AND q.is_head IS NOT TRUE
      AND NOT EXISTS (SELECT 1 FROM {{table}} o
                       WHERE o.tenant_id = q.tenant_id AND o.shard_key = q.shard_key
                         AND o.is_head)
@@ -531,7 +535,7 @@ BEGIN
        SET status = 'leased', lease_owner = p_owner,
            lease_token = nextval({{objlit:lease_token_seq}}::regclass),
            locked_until = now() + make_interval(secs => p_visibility_s),
-           attempts = q.attempts + 1, started_at = now(), run_started_at = NULL,
+           attempts = q.attempts + 1, started_at = clock_timestamp(), run_started_at = NULL,
            is_head = false, updated_at = now()
      WHERE q.id = ANY (ids) AND q.status = 'pending' AND q.run_after <= now()
        AND NOT EXISTS (SELECT 1 FROM {{table}} l
