@@ -40,8 +40,8 @@ static const char run_usage[] =
   "  --until-empty         exit 0 once the scope has no pending or leased task\n"
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
-  "  --one-connection      write outcomes on the claim connection, not on a second one\n"
-  "                        while the claim runs (a process with 2+ slots opens one)\n"
+  "  --settle-connection   with 2+ slots, write outcomes on a second connection while\n"
+  "                        the claim runs, as long as claims come back full\n"
   "  --lua-memory SIZE     memory cap per slot's Lua state (default 256MB, 0 = none; a\n"
   "                        plain number is MB, or give a unit: 512MB, 1GB; at least 1MB)\n"
   "  --max-result-bytes SIZE  most JSON one encoding may make: a leash.ok result,\n"
@@ -110,7 +110,7 @@ enum {
   OPT_CLAIM_BATCH, OPT_DB_POOL, OPT_DASHBOARD, OPT_LUA_MEMORY, OPT_LUA_PATH, OPT_METRICS, OPT_WATCHDOG_GRACE,
   OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL, OPT_BACKOFF_BASE,
   OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER, OPT_RECORD, OPT_RECORD_MAX, OPT_RECORD_REDACT,
-  OPT_LLM_BATCH_URL, OPT_LLM_BATCH_MAX, OPT_LLM_BATCH_AGE, OPT_LLM_BATCH_POLL, OPT_LLM_BATCH_OFF, OPT_ONE_CONNECTION,
+  OPT_LLM_BATCH_URL, OPT_LLM_BATCH_MAX, OPT_LLM_BATCH_AGE, OPT_LLM_BATCH_POLL, OPT_LLM_BATCH_OFF, OPT_SETTLE_CONNECTION,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -159,7 +159,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "llm-batch-age", required_argument, NULL, OPT_LLM_BATCH_AGE },
     { "llm-batch-poll", required_argument, NULL, OPT_LLM_BATCH_POLL },
     { "llm-batch-off", no_argument, NULL, OPT_LLM_BATCH_OFF },
-    { "one-connection", no_argument, NULL, OPT_ONE_CONNECTION },
+    { "settle-connection", no_argument, NULL, OPT_SETTLE_CONNECTION },
     { NULL, 0, NULL, 0 },
   };
   size_t max_result = 0, record_max = RECORD_DEFAULT_MAX;
@@ -352,8 +352,8 @@ int cmd_run(struct cli *g, int argc, char **argv)
     case OPT_LLM_BATCH_OFF:
       cfg.llm_batch.off = 1;
       break;
-    case OPT_ONE_CONNECTION:
-      cfg.one_connection = 1;
+    case OPT_SETTLE_CONNECTION:
+      cfg.settle_connection = 1;
       break;
     case OPT_RECORD_REDACT: {
       char err[300];

@@ -478,14 +478,13 @@ int dispatcher_connect(struct dispatcher *d, char *err, size_t errlen)
   }
 }
 
-/* The settle connection, for a process with more than one slot (one slot's turns rarely
-   have both an outcome and a claim to make, and a connection each would double a fleet of
-   one-slot workers' connections) unless --one-connection. Without it (that flag, no
-   memory, no thread), outcomes go on the claim connection as they always could. */
+/* The settle connection, with --settle-connection and more than one slot (one slot's turns
+   rarely have both an outcome and a claim to make). Opt-in until it has soaked in more
+   runs. Without it (no flag, no memory, no thread), outcomes go on the claim connection. */
 static void start_settler(struct dispatcher *d)
 {
   const struct host *h = d->h;
-  if (h->cfg->concurrency < 2 || h->cfg->one_connection || d->settler)
+  if (h->cfg->concurrency < 2 || !h->cfg->settle_connection || d->settler)
     return;
   struct queue *q = queue_new(d->conn, &h->table, h->cfg->worker_id, h->cfg->visibility);
   if (!q)

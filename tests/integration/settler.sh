@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The settle connection (src/settler.c; docs/ARCHITECTURE.md "How leash run works"): a
-# process with more than one slot writes a turn's outcomes on a second connection while it
-# claims on the first. Every outcome must still be written exactly once, whatever happens to
+# The settle connection (src/settler.c; docs/ARCHITECTURE.md "How leash run works"): with
+# --settle-connection, a process with more than one slot writes a turn's outcomes on a
+# second connection while it claims on the first. Every outcome must still be written exactly once, whatever happens to
 # that connection: while it is down, or when a settle there fails, the outcomes go on the
 # claim connection.
 # shellcheck source=tests/lib.sh
@@ -34,7 +34,7 @@ case_outcomes_go_on_the_settle_connection_once_each() {
   run_setup
   seq 1 3000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 3000
-  start_worker A "$FIX/record.lua" --concurrency 4 --poll-ms 20-50
+  start_worker A "$FIX/record.lua" --concurrency 4 --settle-connection --poll-ms 20-50
   wait_for "the settle connection" 30 has_settle_backend
   wait_for "the batch to drain" 120 q_true "select count(*) = 3000 from agent_work_queue where status = 'done'"
   every_task_written_once 3000
@@ -52,7 +52,7 @@ case_a_settle_connection_killed_again_and_again_loses_no_outcome() {
   run_setup
   seq 1 3000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 3000
-  start_worker A "$FIX/record.lua" --concurrency 4 --poll-ms 20-50 --until-empty
+  start_worker A "$FIX/record.lua" --concurrency 4 --settle-connection --poll-ms 20-50 --until-empty
   wait_for "the settle connection" 30 has_settle_backend
   local kills=0 pid deadline=$(($(_t_now_us) + 120 * 1000000))
   while ! exited "${W_PID[A]}"; do
@@ -68,10 +68,10 @@ case_a_settle_connection_killed_again_and_again_loses_no_outcome() {
   every_task_written_once 3000
 }
 
-# 3. --one-connection, and a process of one slot: no settle connection; everything still done.
-case_one_connection_and_one_slot_open_no_settle_connection() {
+# 3. Without --settle-connection, and with it at one slot: no settle connection; all done.
+case_without_the_flag_or_with_one_slot_no_settle_connection_opens() {
   local opts
-  for opts in "--concurrency 4 --one-connection" "--concurrency 1"; do
+  for opts in "--concurrency 4" "--concurrency 1 --settle-connection"; do
     run_setup "${opts//[^a-z0-9]/_}"
     seq 1 1000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
     enqueue_file "$T_TMP/tasks.jsonl" 1000
