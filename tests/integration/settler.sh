@@ -89,4 +89,23 @@ case_without_the_flag_or_with_one_slot_no_settle_connection_opens() {
   done
 }
 
+# 4. Three processes with the settle connection drain shards enqueued in blocks: a shard's
+# executions never overlap (its settle and the next claim now run on two connections of one
+# process, and on three processes), and every task runs once.
+case_three_processes_with_settle_connections_keep_shards_exclusive() {
+  run_setup
+  seq 0 1999 | awk '{ printf "{\"shard_key\":\"s%d\",\"payload\":{\"n\":%d}}\n", $1 / 100, $1 }' >"$T_TMP/tasks.jsonl"
+  enqueue_file "$T_TMP/tasks.jsonl" 2000
+  local w
+  for w in A B C; do
+    start_worker "$w" "$FIX/record.lua" --concurrency 4 --settle-connection --poll-ms 20-50 --until-empty
+  done
+  wait_for "a settle connection" 30 has_settle_backend
+  for w in A B C; do assert_worker_exit "$w" 180 0; done
+  every_task_written_once 2000
+  assert_eq "overlapping executions of one shard" \
+    "$(q "select count(*) from execs a join execs b on a.shard = b.shard and a.id < b.id
+            and a.started < coalesce(b.finished, 'infinity') and b.started < coalesce(a.finished, 'infinity')")" 0
+}
+
 t_run "$@"
