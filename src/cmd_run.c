@@ -40,8 +40,8 @@ static const char run_usage[] =
   "  --until-empty         exit 0 once the scope has no pending or leased task\n"
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
-  "  --settle-connection   with 2+ slots, write outcomes on a second connection while\n"
-  "                        the claim runs, as long as claims come back full\n"
+  "  --no-settle-connection  write outcomes on the claim connection only (by default,\n"
+  "                        with 2+ slots, they go on a second one while the claim runs)\n"
   "  --lua-memory SIZE     memory cap per slot's Lua state (default 256MB, 0 = none; a\n"
   "                        plain number is MB, or give a unit: 512MB, 1GB; at least 1MB)\n"
   "  --max-result-bytes SIZE  most JSON one encoding may make: a leash.ok result,\n"
@@ -111,6 +111,7 @@ enum {
   OPT_MAX_RESULT_BYTES, OPT_BUDGET_WAIT, OPT_ENV_ALLOW, OPT_POLL, OPT_BACKOFF_BASE,
   OPT_BACKOFF_CAP, OPT_BACKOFF_JITTER, OPT_RECORD, OPT_RECORD_MAX, OPT_RECORD_REDACT,
   OPT_LLM_BATCH_URL, OPT_LLM_BATCH_MAX, OPT_LLM_BATCH_AGE, OPT_LLM_BATCH_POLL, OPT_LLM_BATCH_OFF, OPT_SETTLE_CONNECTION,
+  OPT_NO_SETTLE_CONNECTION,
 };
 
 #define DEFAULT_MAX_RESULT_BYTES (16u * 1024 * 1024)
@@ -160,6 +161,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
     { "llm-batch-poll", required_argument, NULL, OPT_LLM_BATCH_POLL },
     { "llm-batch-off", no_argument, NULL, OPT_LLM_BATCH_OFF },
     { "settle-connection", no_argument, NULL, OPT_SETTLE_CONNECTION },
+    { "no-settle-connection", no_argument, NULL, OPT_NO_SETTLE_CONNECTION },
     { NULL, 0, NULL, 0 },
   };
   size_t max_result = 0, record_max = RECORD_DEFAULT_MAX;
@@ -167,7 +169,7 @@ int cmd_run(struct cli *g, int argc, char **argv)
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
-    .lua_memory = 256u * 1024 * 1024, .budget_wait = 30, .backoff_base = LIFECYCLE_BACKOFF_BASE,
+    .settle_connection = 1, .lua_memory = 256u * 1024 * 1024, .budget_wait = 30, .backoff_base = LIFECYCLE_BACKOFF_BASE,
     .backoff_cap = LIFECYCLE_BACKOFF_CAP_S, .backoff_jitter = LIFECYCLE_BACKOFF_JITTER,
     .llm_batch = LLM_BATCH_DEFAULTS,
   };
@@ -354,6 +356,9 @@ int cmd_run(struct cli *g, int argc, char **argv)
       break;
     case OPT_SETTLE_CONNECTION:
       cfg.settle_connection = 1;
+      break;
+    case OPT_NO_SETTLE_CONNECTION:
+      cfg.settle_connection = 0;
       break;
     case OPT_RECORD_REDACT: {
       char err[300];

@@ -38,6 +38,10 @@ struct pacing {
   double next_poll;             /* the fallback poll (see next_idle_poll) */
   double idle_poll;             /* grows while claims come back empty */
   int more;                     /* the last claim was full: more work is likely waiting */
+  /* Settle on the settle connection while claiming (settler.h): from a full claim on, for
+     as long as the claims made beside a settle still find work. */
+  int overlap;
+  int overlapped;               /* this turn's settle ran beside its claim */
   double next_progress;         /* the next progress line */
   long long progress_settled;   /* settled count at the last progress line */
   /* --until-empty, while the scope is open only through other workers' leases: look again
@@ -304,6 +308,7 @@ static enum step work_step(struct dispatcher *d, struct turn *t)
   int claim_now = t->want > 0 && (p->more || t->woken || t->finished || t->now >= p->next_poll);
   if (!t->finished && !claim_now)
     return STEP_WAIT;
+  p->overlapped = 0;
   int got = cycle(d, t->finished, claim_now ? t->want : 0);
   if (claim_now && got >= 0)
     pace_after_claim(d, t, got);
@@ -320,10 +325,20 @@ static void pace_after_claim(struct dispatcher *d, const struct turn *t, int got
 {
   struct pacing *p = &d->pace;
   p->more = got == t->want;
+  /* A claim beside a settle cannot take the next rows of the shards that settle hands over.
+     When the rest still gave it work (many shards), keep overlapping; when it found nothing
+     (one shard's tasks one after another, a drain's end), its work waits on the hand-over:
+     back to the one-cycle turn, whose claim takes the handed-over rows at once. */
+  p->overlap = p->more || (p->overlapped && got > 0);
   if (got > 0 || t->woken)
     p->idle_poll = 0;
   if (p->more)
     return;
+  if (p->overlapped) {
+    /* Its settle has committed since: what it handed over is claimable now. */
+    p->next_poll = t->now;
+    return;
+  }
   /* Only a poll nothing triggered backs off: an empty claim made because a slot finished
      says nothing about how idle the queue is. */
   p->idle_poll = next_idle_poll(d->h->cfg, p->idle_poll, got == 0 && !t->finished);
@@ -478,9 +493,9 @@ int dispatcher_connect(struct dispatcher *d, char *err, size_t errlen)
   }
 }
 
-/* The settle connection, with --settle-connection and more than one slot (one slot's turns
-   rarely have both an outcome and a claim to make). Opt-in until it has soaked in more
-   runs. Without it (no flag, no memory, no thread), outcomes go on the claim connection. */
+/* The settle connection, with more than one slot (one slot's turns rarely have both an
+   outcome and a claim to make) unless --no-settle-connection. Without it (turned off, no
+   memory, no thread), outcomes go on the claim connection. */
 static void start_settler(struct dispatcher *d)
 {
   const struct host *h = d->h;
@@ -559,16 +574,16 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
   struct task *keep = drop_lost(d, list, &n);
   if (n == 0 && want == 0)
     return 0;
-  /* Outcomes and a claim while claims come back full: the settle goes on the settle
+  /* Outcomes and a claim while overlapping (pace_after_claim): the settle goes on the settle
      connection while the claim runs on this one (settler.h). Shards settled there are handed
      over in its own transaction, so their next rows are claimable from the next turn on; in
-     one cycle the claim takes them at once. So when claims come back short (work is scarce:
-     one shard's tasks one after another, the end of a drain), the cycle does both. */
-  char *applied = n > 0 && want > 0 && d->settler && d->pace.more ? malloc((size_t)n) : NULL;
+     one cycle the claim takes them at once. */
+  char *applied = n > 0 && want > 0 && d->settler && d->pace.overlap ? malloc((size_t)n) : NULL;
   if (applied && settler_begin(d->settler, keep, n, applied, &d->h->cfg->scope) == 0) {
     int got = claim_and_settle(d, NULL, 0, want);
     char err[DB_ERR_MAX];
     if (settler_end(d->settler, err, sizeof err) == 0) {
+      d->pace.overlapped = 1;
       settled(d, keep, applied);
       free(applied);
       return got;

@@ -2,8 +2,8 @@
  * dispatch: the dispatcher (the thread that called host_run). It owns the claim connection
  * and the slots: each turn of its loop settles the outcomes the slots handed back and claims
  * rows for the idle slots plus a small ready buffer, in one round trip (queue_cycle), or,
- * with --settle-connection while claims come back full, the settle on the settle connection
- * (settler.h) at the same time as the claim; it
+ * while claims find work without what the settle hands over, the settle on the settle
+ * connection (settler.h) at the same time as the claim; it
  * drains on request (claimed-but-not-started tasks go back at once, running ones at the
  * drain deadline) and, when the watchdog finds a slot wedged, gives every lease back and
  * exits. host.c sets it up and tears it down.

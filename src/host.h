@@ -39,7 +39,7 @@ struct host_config {
   int until_empty;
   int claim_batch;              /* most rows one claim asks for */
   int db_pool;                  /* connections for leash.db.query */
-  int settle_connection;        /* --settle-connection: outcomes on a second connection */
+  int settle_connection;        /* outcomes on a second connection (off: --no-settle-connection) */
   size_t lua_memory;            /* bytes per slot, 0 = none */
   size_t max_result_bytes;      /* --max-result-bytes: most bytes of JSON one encoding makes */
   struct queue_scope scope;

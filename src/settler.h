@@ -3,7 +3,8 @@
  * its own, so that the settle and the claim run on two backends at once. A process keeps
  * one backend busy with its cycles (issue #14: 80 % of a drain's wall time is the cycle's
  * statement, and it was one statement on one core); split, a turn costs the longer of the
- * two, not their sum. Opt-in (`leash run --settle-connection`) while it soaks.
+ * two, not their sum. On by default with two or more slots (`leash run
+ * --no-settle-connection` turns it off).
  *
  * One helper thread, one job at a time, owned by the dispatcher thread: settler_begin hands
  * it the outcomes, settler_end waits for what the fenced write did. The helper only runs the

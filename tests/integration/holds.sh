@@ -188,10 +188,12 @@ case_no_held_task_is_leased_even_when_not_parked() {
 }
 
 # Parked work costs the claims nothing: with 20,000 parked heads in a tenant, draining 200
-# runnable tasks of the same tenant reads fewer entries of heads_ready_idx (the claims' only
-# heads index) than one claim would read if it saw the parked heads (pg_stat_user_indexes).
-# What it does read is the runnable heads and the dead entries the leases left behind (many
-# small claims on a loaded machine read those again: thousands, never 20,000).
+# runnable tasks of the same tenant reads, per scan of heads_ready_idx (the claims' only heads
+# index), a tenth of what a claim would read if it saw the parked heads (pg_stat_user_indexes:
+# entries read over scans). What a scan does read is the runnable heads and the dead entries
+# the leases left behind, at most a few hundred; how many scans there are depends on the
+# machine (a slow one makes many small claims: one CI run's total was 31,001, where six local
+# runs read ~800), so the bound is per scan.
 case_parked_work_is_out_of_the_claims_index() {
   need_pg
   run_setup
@@ -207,9 +209,11 @@ case_parked_work_is_out_of_the_claims_index() {
   wait_for "the free tasks to run" 60 done_where "batch = 'free'"
   wait_for "the statistics to arrive" 10 q_true \
     "select idx_scan > 0 from pg_stat_user_indexes where indexrelname = 'agent_work_queue_heads_ready_idx'"
-  local read
+  local read scans
   read=$(q "select idx_tup_read from pg_stat_user_indexes where indexrelname = 'agent_work_queue_heads_ready_idx'")
-  (( read < 20000 )) || fail "the claims read $read entries of heads_ready_idx for 200 tasks beside 20,000 parked"
+  scans=$(q "select idx_scan from pg_stat_user_indexes where indexrelname = 'agent_work_queue_heads_ready_idx'")
+  echo "# heads_ready_idx: $read entries read in $scans scans" >&2
+  (( read < 2000 * scans )) || fail "the claims read $read entries of heads_ready_idx in $scans scans for 200 tasks beside 20,000 parked"
 }
 
 # ---------------------------------------------------------------- bad input

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The settle connection (src/settler.c; docs/ARCHITECTURE.md "How leash run works"): with
-# --settle-connection, a process with more than one slot writes a turn's outcomes on a
-# second connection while it claims on the first. Every outcome must still be written exactly once, whatever happens to
-# that connection: while it is down, or when a settle there fails, the outcomes go on the
-# claim connection.
+# The settle connection (src/settler.c; docs/ARCHITECTURE.md "How leash run works"): by
+# default a process with more than one slot writes a turn's outcomes on a second connection
+# while it claims on the first. Every outcome must still be written exactly once, whatever
+# happens to that connection: while it is down, or when a settle there fails, the outcomes
+# go on the claim connection.
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/integration/run_common.sh
@@ -34,7 +34,7 @@ case_outcomes_go_on_the_settle_connection_once_each() {
   run_setup
   seq 1 3000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
   enqueue_file "$T_TMP/tasks.jsonl" 3000
-  start_worker A "$FIX/record.lua" --concurrency 4 --settle-connection --poll-ms 20-50
+  start_worker A "$FIX/record.lua" --concurrency 4 --poll-ms 20-50
   wait_for "the settle connection" 30 has_settle_backend
   wait_for "the batch to drain" 120 q_true "select count(*) = 3000 from agent_work_queue where status = 'done'"
   every_task_written_once 3000
@@ -68,10 +68,10 @@ case_a_settle_connection_killed_again_and_again_loses_no_outcome() {
   every_task_written_once 3000
 }
 
-# 3. Without --settle-connection, and with it at one slot: no settle connection; all done.
-case_without_the_flag_or_with_one_slot_no_settle_connection_opens() {
+# 3. With --no-settle-connection, and at one slot: no settle connection; all done.
+case_turned_off_or_with_one_slot_no_settle_connection_opens() {
   local opts
-  for opts in "--concurrency 4" "--concurrency 1 --settle-connection"; do
+  for opts in "--concurrency 4 --no-settle-connection" "--concurrency 1 --settle-connection"; do
     run_setup "${opts//[^a-z0-9]/_}"
     seq 1 1000 | awk '{ printf "{\"payload\":{\"n\":%d}}\n", $1 }' >"$T_TMP/tasks.jsonl"
     enqueue_file "$T_TMP/tasks.jsonl" 1000
