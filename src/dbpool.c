@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,13 +14,26 @@
 
 struct dbpool {
   pthread_mutex_t mu;
-  pthread_cond_t cv;
+  pthread_cond_t cv;          /* a connection came back */
   char *conninfo;
   int max, open, timeout_ms;
   PGconn **idle;
-  struct owner *idle_owner;   /* who last used idle[i] */
+  struct owner *idle_owner;   /* who last used idle[i] ({-1, -1}: reset since) */
+  char *idle_state;           /* IDLE_* */
   int nidle;
   struct busy *busy;          /* connections given out, with who has them */
+  /* The janitor: resets the connections of executions that ended, so that the next
+     execution's first statement does not wait for a reset (the pickup path). */
+  pthread_t janitor;
+  pthread_cond_t janitor_cv;
+  int janitor_up, quit;
+};
+
+/* What an idle connection needs before its next user (who is not its last one). */
+enum {
+  IDLE_USED,       /* reset before use: its last execution may still be running */
+  IDLE_ENDED,      /* its last execution ended: the janitor resets it */
+  IDLE_FRESH,      /* reset, statement_timeout = timeout_ms: usable as it is */
 };
 
 /* One execution of a task: its id and the attempt it runs as (a retry is another). */
@@ -36,6 +50,9 @@ struct busy {
 static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen);
 static void mark_busy(struct dbpool *p, PGconn *c, struct owner o);
 static int set_timeout(PGconn *c, int ms, char *err, size_t errlen);
+static int still_open(PGconn *c);
+static PGconn *take_idle(struct dbpool *p, int i, struct owner *last, int *state);
+static void *janitor_main(void *arg);
 
 struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_ms)
 {
@@ -44,11 +61,13 @@ struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_m
     return NULL;
   p->idle = calloc((size_t)max, sizeof *p->idle);
   p->idle_owner = calloc((size_t)max, sizeof *p->idle_owner);
+  p->idle_state = calloc((size_t)max, sizeof *p->idle_state);
   p->busy = calloc((size_t)max, sizeof *p->busy);
   p->conninfo = conninfo ? strdup(conninfo) : NULL;
-  if (!p->idle || !p->idle_owner || !p->busy || (conninfo && !p->conninfo)) {
+  if (!p->idle || !p->idle_owner || !p->idle_state || !p->busy || (conninfo && !p->conninfo)) {
     free(p->idle);
     free(p->idle_owner);
+    free(p->idle_state);
     free(p->busy);
     free(p->conninfo);
     free(p);
@@ -56,8 +75,18 @@ struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_m
   }
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
+  pthread_cond_init(&p->janitor_cv, NULL);
   p->max = max;
   p->timeout_ms = statement_timeout_ms;
+  /* Without the janitor (no thread), connections are reset when next taken, as before. Its
+     thread takes no signals: the signal thread does (signals.c). */
+  if (max > 0) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    p->janitor_up = pthread_create(&p->janitor, NULL, janitor_main, p) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+  }
   return p;
 }
 
@@ -65,12 +94,21 @@ void dbpool_free(struct dbpool *p)
 {
   if (!p)
     return;
+  if (p->janitor_up) {
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->janitor_cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->janitor, NULL);
+  }
   for (int i = 0; i < p->nidle; i++)
     PQfinish(p->idle[i]);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
+  pthread_cond_destroy(&p->janitor_cv);
   free(p->idle);
   free(p->idle_owner);
+  free(p->idle_state);
   free(p->busy);
   free(p->conninfo);
   free(p);
@@ -98,13 +136,35 @@ PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_
   while (p->nidle == 0 && p->open >= p->max)
     pthread_cond_wait(&p->cv, &p->mu);
   if (p->nidle > 0) {
-    c = p->idle[--p->nidle];
-    struct owner last = p->idle_owner[p->nidle];
+    /* This execution's own connection first, then one the janitor reset, then any. */
+    int pick = p->nidle - 1;
+    for (int i = 0; i < p->nidle; i++) {
+      const struct owner *o = &p->idle_owner[i];
+      if (t && o->id == me.id && o->attempt == me.attempt) {
+        pick = i;
+        break;
+      }
+      if (p->idle_state[i] == IDLE_FRESH)
+        pick = i;
+    }
+    struct owner last;
+    int state;
+    c = take_idle(p, pick, &last, &state);
     pthread_mutex_unlock(&p->mu);
     /* Another execution's session may carry a role, settings, temp tables, prepared
-       statements, LISTENs or advisory locks: none of it may reach this one. */
+       statements, LISTENs or advisory locks: none of it may reach this one. A fresh one
+       (reset by the janitor) needs only its statement_timeout, when it is to differ; that
+       it is still open is checked without a round trip (a server that closed it, say in a
+       restart, has said so on the socket). */
     int reused = t && last.id == me.id && last.attempt == me.attempt;
-    if (reused ? set_timeout(c, ms, err, errlen) != 0 : reset_session(c, ms, err, errlen) != 0) {
+    int ok;
+    if (reused)
+      ok = set_timeout(c, ms, err, errlen) == 0;
+    else if (state == IDLE_FRESH)
+      ok = still_open(c) && (ms == p->timeout_ms || set_timeout(c, ms, err, errlen) == 0);
+    else
+      ok = reset_session(c, ms, err, errlen) == 0;
+    if (!ok) {
       /* A session that cannot be reset is not given out: a fresh one replaces it. */
       PQfinish(c);
       c = NULL;
@@ -132,6 +192,87 @@ PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_
   }
   mark_busy(p, c, me);
   return c;
+}
+
+/* Takes idle[i] out of the idle set (under mu), with who last used it and its state. */
+static PGconn *take_idle(struct dbpool *p, int i, struct owner *last, int *state)
+{
+  PGconn *c = p->idle[i];
+  *last = p->idle_owner[i];
+  *state = p->idle_state[i];
+  p->nidle--;
+  p->idle[i] = p->idle[p->nidle];
+  p->idle_owner[i] = p->idle_owner[p->nidle];
+  p->idle_state[i] = p->idle_state[p->nidle];
+  return c;
+}
+
+/* Whether an idle connection is still open, from what the server already sent: a backend
+   terminated (a restart, pg_terminate_backend) has sent its error and closed the socket. No
+   round trip. Drops notifications (there are none after a reset's UNLISTEN *). */
+static int still_open(PGconn *c)
+{
+  if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE)
+    return 0;
+  if (!PQconsumeInput(c) || PQstatus(c) != CONNECTION_OK)
+    return 0;
+  PGnotify *n;
+  while ((n = PQnotifies(c)) != NULL)
+    PQfreemem(n);
+  return 1;
+}
+
+void dbpool_done(struct dbpool *p, const struct task *t)
+{
+  if (!p || !p->janitor_up || !t)
+    return;
+  int any = 0;
+  pthread_mutex_lock(&p->mu);
+  for (int i = 0; i < p->nidle; i++)
+    if (p->idle_state[i] == IDLE_USED && p->idle_owner[i].id == t->id &&
+        p->idle_owner[i].attempt == t->attempt) {
+      p->idle_state[i] = IDLE_ENDED;
+      any = 1;
+    }
+  if (any)
+    pthread_cond_signal(&p->janitor_cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Resets connections whose execution ended, one at a time, while they sit idle; a caller
+   that needs one meanwhile takes another, or waits for this one as for any in use. */
+static void *janitor_main(void *arg)
+{
+  struct dbpool *p = arg;
+  pthread_mutex_lock(&p->mu);
+  while (!p->quit) {
+    int i = 0;
+    while (i < p->nidle && p->idle_state[i] != IDLE_ENDED)
+      i++;
+    if (i == p->nidle) {
+      pthread_cond_wait(&p->janitor_cv, &p->mu);
+      continue;
+    }
+    struct owner last;
+    int state;
+    PGconn *c = take_idle(p, i, &last, &state);
+    pthread_mutex_unlock(&p->mu);
+    char err[DB_ERR_MAX];
+    int ok = reset_session(c, p->timeout_ms, err, sizeof err) == 0;
+    if (!ok)
+      PQfinish(c);
+    pthread_mutex_lock(&p->mu);
+    if (ok) {
+      p->idle_owner[p->nidle] = (struct owner){ -1, -1 };
+      p->idle_state[p->nidle] = IDLE_FRESH;
+      p->idle[p->nidle++] = c;
+    } else {
+      p->open--;
+    }
+    pthread_cond_signal(&p->cv);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
 }
 
 static void mark_busy(struct dbpool *p, PGconn *c, struct owner o)
@@ -198,6 +339,7 @@ void dbpool_put(struct dbpool *p, PGconn *c)
     }
   if (c && PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE) {
     p->idle_owner[p->nidle] = o;
+    p->idle_state[p->nidle] = IDLE_USED;
     p->idle[p->nidle++] = c;
   } else {
     PQfinish(c);

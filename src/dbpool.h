@@ -6,9 +6,11 @@
  * used by another execution (task id and attempt) is reset with the statements DISCARD ALL
  * stands for (dropping temp tables, prepared statements, cursors, LISTENs and session
  * advisory locks, undoing SET ROLE, SET SESSION AUTHORIZATION and every SET) and RESET ROLE,
- * in one round trip; a reset that fails closes it and a fresh one is opened. Before every statement statement_timeout is set again from
- * the caller's time left, so neither a script's own SET nor pg_sleep outlives its task.
- * Thread-safe.
+ * in one round trip; a reset that fails closes it and a fresh one is opened. The reset is
+ * done off the pickup path where it can be: when an execution ends (dbpool_done), a helper
+ * thread, the janitor, resets its idle connections, and the next execution takes one as it
+ * is. Before every other statement statement_timeout is set again from the caller's time
+ * left, so neither a script's own SET nor pg_sleep outlives its task. Thread-safe.
  */
 #ifndef LEASH_DBPOOL_H
 #define LEASH_DBPOOL_H
@@ -33,5 +35,9 @@ PGconn *dbpool_get(struct dbpool *p, char *err, size_t errlen);
 PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_s, char *err,
                        size_t errlen);
 void dbpool_put(struct dbpool *p, PGconn *c);
+
+/* t's execution has ended (its script returned): its idle connections are reset in the
+   background. NULL p or t: nothing. */
+void dbpool_done(struct dbpool *p, const struct task *t);
 
 #endif

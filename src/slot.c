@@ -2,6 +2,7 @@
 #include "slot.h"
 
 #include "canary.h"
+#include "dbpool.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -179,6 +180,7 @@ static void run_task(struct slot *s, struct task *t)
   *s->watch = (struct slot_watch){ .task = t, .started = task_now() };   /* closing is 0 */
   pthread_mutex_unlock(env->mu);
   script_run(run, t);
+  dbpool_done(env->sh->pool, t);   /* its sessions are reset before the next task needs one */
   atomic_fetch_sub(&env->stats->busy_slots, 1);
   histogram_observe(&env->stats->task_seconds, t->duration);
   pthread_mutex_lock(env->mu);

@@ -155,31 +155,44 @@ case_http_refuses_crlf_and_nul_in_every_part() {
 # did to its session (a role, SET SESSION AUTHORIZATION, search_path, statement_timeout or
 # any SET, a temp table, a prepared statement, a LISTEN, session advisory locks, a WITH HOLD
 # cursor, a BEGIN left open) must not be seen by the next: it sees a new connection's state.
+# Twice: with --task-timeout (statement_timeout is set before every statement) and without
+# (the next task's first statement goes out with no round trip before it when the pool's
+# janitor has reset the session since: nothing but that reset stands between two tasks).
 case_pooled_session_state_never_reaches_the_next_task() {
   api_setup
   q "create role leash_other; create table side (s text); grant select, insert on side to leash_other" >/dev/null
   t_on_exit q "drop owned by leash_other; drop role if exists leash_other"
-  local modes=(set_role session_auth search_path st0 set_config temp prepare listen advisory cursor begin app_name)
-  local m ids=() baseline
-  ids+=("$(enqueue_one '{"m":"who"}')")
-  for m in "${modes[@]}"; do
-    enqueue_one "{\"m\":\"$m\"}" >/dev/null
+  local modes=(set_role session_auth search_path st0 st_other set_config temp prepare listen advisory cursor begin app_name)
+  local timeout
+  for timeout in "--task-timeout 20" ""; do
+    q "delete from agent_work_queue" >/dev/null
+    local m ids=() baseline
     ids+=("$(enqueue_one '{"m":"who"}')")
-  done
-  start_worker A "$API/db_session.lua" --concurrency 1 --db-pool 1 --task-timeout 20 --poll-ms 20-50 --until-empty
-  assert_worker_exit A 60 0
-  assert_eq "tasks not done" "$(q "select count(*) from agent_work_queue where status <> 'done'")" 0
-  # The misuses took effect in their own execution (else the test would prove nothing).
-  assert_eq "misuses that failed" \
-    "$(q "select string_agg(payload->>'m', ',') from agent_work_queue where payload->>'m' <> 'who' and result::text like '%\"err\"%'")" ""
-  assert_eq "one connection for every task" "$(q "select count(distinct result->>'pid') from agent_work_queue")" 1
-  baseline=$(row "${ids[0]}" "result - 'pid'")
-  echo "# baseline session: $baseline" >&2
-  assert_contains "baseline" "$baseline" '"st_set": true'
-  assert_contains "baseline" "$baseline" '"advisory": 0'
-  local i
-  for i in "${!modes[@]}"; do
-    assert_eq "session after ${modes[$i]}" "$(row "${ids[$((i + 1))]}" "result - 'pid'")" "$baseline"
+    for m in "${modes[@]}"; do
+      enqueue_one "{\"m\":\"$m\"}" >/dev/null
+      ids+=("$(enqueue_one '{"m":"who"}')")
+    done
+    # shellcheck disable=SC2086 # the option is two words or none
+    start_worker A "$API/db_session.lua" --concurrency 1 --db-pool 1 $timeout --poll-ms 20-50 --until-empty
+    assert_worker_exit A 60 0
+    assert_eq "tasks not done" "$(q "select count(*) from agent_work_queue where status <> 'done'")" 0
+    # The misuses took effect in their own execution (else the test would prove nothing).
+    assert_eq "misuses that failed" \
+      "$(q "select string_agg(payload->>'m', ',') from agent_work_queue where payload->>'m' <> 'who' and result::text like '%\"err\"%'")" ""
+    assert_eq "one connection for every task" "$(q "select count(distinct result->>'pid') from agent_work_queue")" 1
+    baseline=$(row "${ids[0]}" "result - 'pid'")
+    echo "# baseline session (${timeout:-no task timeout}): $baseline" >&2
+    if [[ -n $timeout ]]; then
+      assert_contains "baseline" "$baseline" '"st_set": true'
+    else
+      assert_contains "baseline" "$baseline" '"st_set": false'
+    fi
+    assert_contains "baseline" "$baseline" '"advisory": 0'
+    local i
+    for i in "${!modes[@]}"; do
+      assert_eq "session after ${modes[$i]} (${timeout:-no task timeout})" \
+        "$(row "${ids[$((i + 1))]}" "result - 'pid'")" "$baseline"
+    done
   done
   assert_no_sanitizer_reports
 }
