@@ -40,8 +40,9 @@ static const char run_usage[] =
   "  --until-empty         exit 0 once the scope has no pending or leased task\n"
   "  --claim-batch N       most rows one claim asks for (default 100)\n"
   "  --db-pool N           connections shared by leash.db.query (default 2)\n"
-  "  --no-settle-connection  write outcomes on the claim connection only (by default,\n"
-  "                        with 2+ slots, they go on a second one while the claim runs)\n"
+  "  --settle-connection   the default: with 2+ slots, outcomes are written on a second\n"
+  "                        connection while the claim runs on the first\n"
+  "  --no-settle-connection  outcomes on the claim connection only (one connection less)\n"
   "  --lua-memory SIZE     memory cap per slot's Lua state (default 256MB, 0 = none; a\n"
   "                        plain number is MB, or give a unit: 512MB, 1GB; at least 1MB)\n"
   "  --max-result-bytes SIZE  most JSON one encoding may make: a leash.ok result,\n"
@@ -169,7 +170,8 @@ int cmd_run(struct cli *g, int argc, char **argv)
   struct host_config cfg = {
     .concurrency = 10, .visibility = 600, .heartbeat = 0, .drain_timeout = 30, .watchdog_grace = 10,
     .poll_min_ms = 200, .poll_max_ms = 500, .claim_batch = 100, .db_pool = 2,
-    .settle_connection = 1, .lua_memory = 256u * 1024 * 1024, .budget_wait = 30, .backoff_base = LIFECYCLE_BACKOFF_BASE,
+    .settle_connection = 1,
+    .lua_memory = 256u * 1024 * 1024, .budget_wait = 30, .backoff_base = LIFECYCLE_BACKOFF_BASE,
     .backoff_cap = LIFECYCLE_BACKOFF_CAP_S, .backoff_jitter = LIFECYCLE_BACKOFF_JITTER,
     .llm_batch = LLM_BATCH_DEFAULTS,
   };
