@@ -2,11 +2,12 @@
 #include "dbpool.h"
 
 #include "db.h"
+#include "signals.h"
 #include "task.h"
 
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,7 @@ struct busy {
 static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen);
 static void mark_busy(struct dbpool *p, PGconn *c, struct owner o);
 static int set_timeout(PGconn *c, int ms, char *err, size_t errlen);
-static int still_open(PGconn *c);
+static int silent_since_reset(PGconn *c);
 static PGconn *take_idle(struct dbpool *p, int i, struct owner *last, int *state);
 static void *janitor_main(void *arg);
 
@@ -78,15 +79,9 @@ struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_m
   pthread_cond_init(&p->janitor_cv, NULL);
   p->max = max;
   p->timeout_ms = statement_timeout_ms;
-  /* Without the janitor (no thread), connections are reset when next taken, as before. Its
-     thread takes no signals: the signal thread does (signals.c). */
-  if (max > 0) {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    p->janitor_up = pthread_create(&p->janitor, NULL, janitor_main, p) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-  }
+  /* Without the janitor (no thread), connections are reset when next taken, as before. */
+  if (max > 0)
+    p->janitor_up = signals_thread_create(&p->janitor, janitor_main, p) == 0;
   return p;
 }
 
@@ -152,16 +147,15 @@ PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_
     c = take_idle(p, pick, &last, &state);
     pthread_mutex_unlock(&p->mu);
     /* Another execution's session may carry a role, settings, temp tables, prepared
-       statements, LISTENs or advisory locks: none of it may reach this one. A fresh one
-       (reset by the janitor) needs only its statement_timeout, when it is to differ; that
-       it is still open is checked without a round trip (a server that closed it, say in a
-       restart, has said so on the socket). */
+       statements, LISTENs or advisory locks: none of it may reach this one. One the
+       janitor reset, and from which the server has said nothing since, needs only its
+       statement_timeout, when it is to differ. */
     int reused = t && last.id == me.id && last.attempt == me.attempt;
     int ok;
     if (reused)
       ok = set_timeout(c, ms, err, errlen) == 0;
-    else if (state == IDLE_FRESH)
-      ok = still_open(c) && (ms == p->timeout_ms || set_timeout(c, ms, err, errlen) == 0);
+    else if (state == IDLE_FRESH && silent_since_reset(c))
+      ok = ms == p->timeout_ms || set_timeout(c, ms, err, errlen) == 0;
     else
       ok = reset_session(c, ms, err, errlen) == 0;
     if (!ok) {
@@ -207,19 +201,17 @@ static PGconn *take_idle(struct dbpool *p, int i, struct owner *last, int *state
   return c;
 }
 
-/* Whether an idle connection is still open, from what the server already sent: a backend
-   terminated (a restart, pg_terminate_backend) has sent its error and closed the socket. No
-   round trip. Drops notifications (there are none after a reset's UNLISTEN *). */
-static int still_open(PGconn *c)
+/* Whether a reset connection can be used as it is: the server has sent nothing since the
+   reset. A backend terminated meanwhile (a restart, pg_terminate_backend) has sent its error
+   and closed the socket, so the socket is readable; so it is after anything else the server
+   says unasked (a notice, a parameter's new value). Then the caller resets it, a round trip
+   that fails, and a new connection is opened, for a dead one. No round trip otherwise. */
+static int silent_since_reset(PGconn *c)
 {
   if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE)
     return 0;
-  if (!PQconsumeInput(c) || PQstatus(c) != CONNECTION_OK)
-    return 0;
-  PGnotify *n;
-  while ((n = PQnotifies(c)) != NULL)
-    PQfreemem(n);
-  return 1;
+  struct pollfd fd = { .fd = PQsocket(c), .events = POLLIN };
+  return fd.fd >= 0 && poll(&fd, 1, 0) == 0;
 }
 
 void dbpool_done(struct dbpool *p, const struct task *t)

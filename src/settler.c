@@ -2,9 +2,9 @@
 #include "settler.h"
 
 #include "log.h"
+#include "signals.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,13 +57,7 @@ struct settler *settler_start(const char *conninfo, struct queue *q)
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&s->cv, &ca);
   pthread_condattr_destroy(&ca);
-  /* Created with every signal blocked: the signal thread alone takes them (signals.c). */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
-  int rc = pthread_create(&s->thread, NULL, settler_main, s);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0) {
+  if (signals_thread_create(&s->thread, settler_main, s) != 0) {
     log_warn("settle connection: cannot start its thread; outcomes go on the claim connection");
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -9,6 +9,16 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+int signals_thread_create(pthread_t *thread, void *(*main)(void *), void *arg)
+{
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  int rc = pthread_create(thread, NULL, main, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return rc;
+}
+
 struct signals {
   struct signal_handlers on;
   pthread_t thread;

@@ -11,6 +11,8 @@
 #ifndef LEASH_SIGNALS_H
 #define LEASH_SIGNALS_H
 
+#include <pthread.h>
+
 struct signals;
 
 #define SIGNALS_COALESCE_S 1.0
@@ -27,5 +29,10 @@ struct signal_handlers {
 struct signals *signals_start(const struct signal_handlers *handlers);
 /* Stops and joins the thread. */
 void signals_stop(struct signals *s);
+
+/* pthread_create for a helper thread that takes no signals (the signal thread does), from
+   any thread, whatever its mask: every signal is blocked while it starts (it inherits the
+   mask), then the caller's mask is as it was. 0, or pthread_create's error. */
+int signals_thread_create(pthread_t *thread, void *(*main)(void *), void *arg);
 
 #endif

@@ -197,6 +197,35 @@ case_pooled_session_state_never_reaches_the_next_task() {
   assert_no_sanitizer_reports
 }
 
+# A reset session waits in the pool for the next task, which sends its first statement with
+# no round trip before it; a backend terminated meanwhile (a restart, an operator's
+# pg_terminate_backend) must not cost that task its statement: the pool sees from the socket
+# that the session is gone and opens a new one. Three times, each after the session was
+# handed back reset.
+case_a_pooled_session_terminated_while_idle_is_replaced_unseen() {
+  api_setup
+  q "create table side (s text)" >/dev/null
+  start_worker A "$API/db_session.lua" --concurrency 1 --db-pool 1 --poll-ms 20-50
+  local id pid i
+  id=$(enqueue_one '{"m":"who"}')
+  wait_for "the first task" 30 q_true "select status = 'done' from agent_work_queue where id = $id"
+  for i in 1 2 3; do
+    pid=$(row "$id" "result->>'pid'")
+    # The janitor resets the session after the task: wait for its reset to be the last
+    # statement the backend ran, so that the next task takes it as reset.
+    wait_for "the session's reset" 10 q_true \
+      "select state = 'idle' and query like '%DISCARD SEQUENCES%' from pg_stat_activity where pid = $pid"
+    q "select pg_terminate_backend($pid)" >/dev/null
+    wait_for "the backend to end" 10 q_true "select count(*) = 0 from pg_stat_activity where pid = $pid"
+    id=$(enqueue_one '{"m":"who"}')
+    wait_for "task $i after the termination" 30 q_true "select status = 'done' from agent_work_queue where id = $id"
+    assert_eq "task $i's statement failed" "$(row "$id" "result->>'err'")" ""
+    assert_not_contains "task $i ran on a new session" "$(row "$id" "result->>'pid'")" "$pid"
+  done
+  t_kill "${W_PID[A]}"
+  assert_no_sanitizer_reports
+}
+
 # statement_timeout follows the task's time left and is set again before every statement:
 # SET statement_timeout = 0, RESET or set_config in the statement itself cannot let
 # pg_sleep(8) outlive --task-timeout 3. Each task ends as a retry near 3 s, not done at 8 s.
