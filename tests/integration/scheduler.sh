@@ -720,6 +720,44 @@ case_a_pending_head_deleted_hands_its_shard_over() {
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
 
+# A hand-over whose next row is leased while it waits for that row's lock (a claim of one row,
+# `--only`, or of a batch leases rows that are not heads): the hand-over read the row as
+# pending in its snapshot, and must not make the leased row a head (the CHECK
+# leash_head_is_pending refused that, failing the statement that handed over: here, a head
+# deleted by hand). The claim's session locks the row first and leases it once the DELETE
+# waits for it.
+case_a_row_leased_while_its_shard_is_handed_over_is_passed_over() {
+  sched_setup
+  local head next
+  head=$(q "insert into $QT (tenant_id, shard_key, payload) values ('t', 'e', '{}') returning id")
+  next=$(q "insert into $QT (tenant_id, shard_key, payload) values ('t', 'e', '{}') returning id")
+  assert_eq "heads of the shard" "$(q "select string_agg(id::text, ',') from $QT where is_head")" "$head"
+  PGAPPNAME=claimer psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" >"$T_TMP/claimer.out" 2>&1 <<SQL &
+begin;
+select 1 from $QT where id = $next for update;
+do \$\$ begin
+  for i in 1..400 loop
+    exit when exists (select 1 from pg_stat_activity
+                       where application_name = 'by-hand' and wait_event_type = 'Lock');
+    perform pg_sleep(0.025);
+  end loop;
+end \$\$;
+select count(*) from ${QT}_claim('claimer', 1, 60, null, null, null, null, $next);
+commit;
+SQL
+  local claimer=$!
+  t_on_exit t_kill "$claimer"
+  wait_for "the claimer to hold the next row's lock" 10 q_true \
+    "select exists (select 1 from pg_stat_activity where application_name = 'claimer'
+                     and query like '%pg_sleep%' and state = 'active')"
+  expect_exit 0 env PGAPPNAME=by-hand psql -X -q -v ON_ERROR_STOP=1 -d "$DATABASE_URL" \
+    -c "delete from $QT where id = $head"
+  wait "$claimer" || fail "the claimer failed: $(cat "$T_TMP/claimer.out")"
+  assert_eq "the next row" "$(q "select status || ' head=' || is_head from $QT where id = $next")" \
+    "leased head=false"
+  assert_heads_invariant "after the hand-over"
+}
+
 case_a_head_moved_to_another_shard_or_tenant_hands_over() {
   hand_setup
   by_hand "a head moved to a new shard" "update $QT set shard_key = 'moved' where $HEAD returning 1"
