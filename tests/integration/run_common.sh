@@ -98,3 +98,18 @@ assert_no_sanitizer_reports() {
     fi
   done
 }
+
+# cycle_sql OWNER IDS TOKENS KINDS N: SQL for the queue's own cycle on $QT (settle these
+# leases with these kinds, then claim N), the answer's rows as settled|id|attempts|status|token.
+cycle_sql() {
+  local n=$(($(tr -cd , <<<"$2" | wc -c) + 1))
+  [[ $2 == '{}' ]] && n=0
+  local nulls
+  nulls=$(printf 'NULL,%.0s' $(seq 1 "$n"))
+  nulls="{${nulls%,}}"
+  [[ $n == 0 ]] && nulls='{}'
+  echo "select settled, id, attempts, status, token
+          from ${QT}_cycle('$1', '$2', '$3', '$4', '$nulls', '$nulls', '$nulls', '$nulls',
+                           '${nulls//NULL/f}', '$nulls', $5, 60, NULL, NULL, NULL, 0)
+         where id is not null"
+}

@@ -552,20 +552,6 @@ case_a_row_whose_lease_is_refused_does_not_stop_the_claims() {
 
 # ------------------------------------------------------------------ 5. lease tokens
 
-# cycle_sql OWNER IDS TOKENS KINDS N: the queue's own cycle (settle, then claim N).
-cycle_sql() {
-  local n=$(($(tr -cd , <<<"$2" | wc -c) + 1))
-  [[ $2 == '{}' ]] && n=0
-  local nulls
-  nulls=$(printf 'NULL,%.0s' $(seq 1 "$n"))
-  nulls="{${nulls%,}}"
-  [[ $n == 0 ]] && nulls='{}'
-  echo "select settled, id, attempts, status, token
-          from ${QT}_cycle('$1', '$2', '$3', '$4', '$nulls', '$nulls', '$nulls', '$nulls',
-                           '${nulls//NULL/f}', '$nulls', $5, 60, NULL, NULL, NULL, 0)
-         where id is not null"
-}
-
 # A lease taken, set dead by hand and requeued (attempts back to 0), then leased again by the
 # same worker id: the first lease's settle and release match nothing, though its owner and
 # attempt number are those of the live lease. The live lease then settles.

@@ -119,6 +119,59 @@ case_a_waiting_task_does_not_hold_back_its_shard() {
   stop_workers A
 }
 
+# A woken task takes its place in its lane (sql/028): woken while its shard has a pending
+# head, it waits behind that head and the rows queued behind it (they come first by
+# (run_after, id)) instead of becoming a second head and running before them. Three wakes,
+# one shard each: a signal (<table>_signal), the settle of the task it awaits (the queue's
+# cycle, by SQL), and its wait's deadline passing with a retry (<table>_wait_expire, as the
+# reaper calls it; the deadline is moved into the past by hand). Then each shard must run its rows in (run_after, id) order, the woken task last.
+case_a_woken_task_waits_behind_the_rows_queued_before_it_in_its_shard() {
+  waits_setup
+  local c pe pi px
+  c=$(enqueue_one '{"role":"child","n":1}' --shard other --delay 3600)
+  pe=$(enqueue_one '{"role":"event","event":"go"}' --shard le)
+  pi=$(enqueue_one "{\"role\":\"ids\",\"ids\":[$c]}" --shard li)
+  px=$(enqueue_one '{"role":"parent","n":1,"child_delay":3600,"deadline":3600}' --shard lx)
+  start_worker A "$WFIX" --concurrency 3 --poll-ms 10-50
+  local id
+  for id in "$pe" "$pi" "$px"; do wait_for "task $id to wait" 30 is_waiting "$id"; done
+  stop_workers A
+  local sh
+  for sh in le li lx; do
+    enqueue_one '{"role":"child","n":1}' --shard "$sh" >/dev/null
+    enqueue_one '{"role":"child","n":2}' --shard "$sh" >/dev/null
+  done
+  heads() {
+    q "select string_agg(shard_key || ':' || (payload->>'role') || coalesce(payload->>'n', ''), ','
+                         order by shard_key, id)
+         from $QT where is_head and shard_key like 'l%'"
+  }
+  assert_eq "heads before the wakes" "$(heads)" "le:child1,li:child1,lx:child1"
+  assert_eq "woken by the signal" "$(q "select ${QT}_signal('go')")" 1
+  q "update $QT set run_after = now() where id = $c" >/dev/null
+  local tok
+  tok=$(q "select token from ${QT}_claim('hand', 1, 60, NULL, NULL, NULL, NULL, $c)")
+  [[ -n $tok ]] || fail "the awaited task (task $c) was not leased"
+  assert_eq "the awaited task's settle" "$(q "$(cycle_sql hand "{$c}" "{$tok}" '{done}' 0)" | cut -d'|' -f4)" done
+  q "update $QT set result = '{\"n\": 1, \"double\": 2}' where id = $c" >/dev/null   # what the waiter reads
+  q "update $QT set wait_deadline = now() - interval '1 s' where id = $px" >/dev/null
+  assert_eq "expired by wait_expire" "$(q "select ${QT}_wait_expire()")" 1
+  assert_eq "woken (run_after due)" \
+    "$(q "select count(*) from $QT where id in ($pe, $pi, $px) and status = 'pending' and run_after <= now()")" 3
+  assert_eq "heads after the wakes" "$(heads)" "le:child1,li:child1,lx:child1"
+  start_worker B "$WFIX" --concurrency 2 --poll-ms 10-50
+  wait_for "every shard's rows to be done" 30 q_true \
+    "select count(*) = 9 from $QT where shard_key like 'l%' and status = 'done'"
+  stop_workers B
+  assert_eq "per shard, the order the rows' last executions were claimed in" \
+    "$(q "select string_agg(x.shard_key || ':' || x.seq, ',' order by x.shard_key)
+            from (select q.shard_key,
+                         string_agg((q.payload->>'role') || coalesce(q.payload->>'n', ''), ' '
+                                    order by q.started_at) seq
+                    from $QT q where q.shard_key like 'l%' group by q.shard_key) x")" \
+    "le:child1 child2 event,li:child1 child2 ids,lx:child1 child2 parent1"
+}
+
 # A wait on the clock (after = 2 s) makes the row due then, and spends nothing.
 case_a_wait_on_the_clock_runs_again_when_its_time_comes() {
   waits_setup
