@@ -124,30 +124,37 @@ case_a_waiting_task_does_not_hold_back_its_shard() {
 # (run_after, id)) instead of becoming a second head and running before them. Three wakes,
 # one shard each: a signal (<table>_signal), the settle of the task it awaits (the queue's
 # cycle, by SQL), and its wait's deadline passing with a retry (<table>_wait_expire, as the
-# reaper calls it; the deadline is moved into the past by hand). Then each shard must run its rows in (run_after, id) order, the woken task last.
+# reaper calls it; the deadline is moved into the past by hand). Then each shard must run its
+# rows in (run_after, id) order, the woken task last. A fourth waiter, woken by the same
+# signal, has only a row scheduled an hour later in its shard: that head does not hold it
+# back (it becomes a head beside it and runs).
 case_a_woken_task_waits_behind_the_rows_queued_before_it_in_its_shard() {
   waits_setup
-  local c pe pi px
+  local c pe pb pi px
   c=$(enqueue_one '{"role":"child","n":1}' --shard other --delay 3600)
   pe=$(enqueue_one '{"role":"event","event":"go"}' --shard le)
+  pb=$(enqueue_one '{"role":"event","event":"go"}' --shard lb)
   pi=$(enqueue_one "{\"role\":\"ids\",\"ids\":[$c]}" --shard li)
   px=$(enqueue_one '{"role":"parent","n":1,"child_delay":3600,"deadline":3600}' --shard lx)
   start_worker A "$WFIX" --concurrency 3 --poll-ms 10-50
   local id
-  for id in "$pe" "$pi" "$px"; do wait_for "task $id to wait" 30 is_waiting "$id"; done
+  for id in "$pe" "$pb" "$pi" "$px"; do wait_for "task $id to wait" 30 is_waiting "$id"; done
   stop_workers A
   local sh
   for sh in le li lx; do
     enqueue_one '{"role":"child","n":1}' --shard "$sh" >/dev/null
     enqueue_one '{"role":"child","n":2}' --shard "$sh" >/dev/null
   done
+  # In lb the only other row is scheduled an hour later (as a retry in backoff): it is the head
+  # the waiter wakes beside, not behind.
+  enqueue_one '{"role":"child","n":9}' --shard lb --delay 3600 >/dev/null
   heads() {
     q "select string_agg(shard_key || ':' || (payload->>'role') || coalesce(payload->>'n', ''), ','
                          order by shard_key, id)
          from $QT where is_head and shard_key like 'l%'"
   }
-  assert_eq "heads before the wakes" "$(heads)" "le:child1,li:child1,lx:child1"
-  assert_eq "woken by the signal" "$(q "select ${QT}_signal('go')")" 1
+  assert_eq "heads before the wakes" "$(heads)" "lb:child9,le:child1,li:child1,lx:child1"
+  assert_eq "woken by the signal" "$(q "select ${QT}_signal('go')")" 2
   q "update $QT set run_after = now() where id = $c" >/dev/null
   local tok
   tok=$(q "select token from ${QT}_claim('hand', 1, 60, NULL, NULL, NULL, NULL, $c)")
@@ -157,19 +164,20 @@ case_a_woken_task_waits_behind_the_rows_queued_before_it_in_its_shard() {
   q "update $QT set wait_deadline = now() - interval '1 s' where id = $px" >/dev/null
   assert_eq "expired by wait_expire" "$(q "select ${QT}_wait_expire()")" 1
   assert_eq "woken (run_after due)" \
-    "$(q "select count(*) from $QT where id in ($pe, $pi, $px) and status = 'pending' and run_after <= now()")" 3
-  assert_eq "heads after the wakes" "$(heads)" "le:child1,li:child1,lx:child1"
+    "$(q "select count(*) from $QT where id in ($pe, $pb, $pi, $px) and status = 'pending' and run_after <= now()")" 4
+  assert_eq "heads after the wakes" "$(heads)" "lb:event,lb:child9,le:child1,li:child1,lx:child1"
   start_worker B "$WFIX" --concurrency 2 --poll-ms 10-50
   wait_for "every shard's rows to be done" 30 q_true \
-    "select count(*) = 9 from $QT where shard_key like 'l%' and status = 'done'"
+    "select count(*) = 10 from $QT where shard_key like 'l%' and status = 'done'"
   stop_workers B
   assert_eq "per shard, the order the rows' last executions were claimed in" \
     "$(q "select string_agg(x.shard_key || ':' || x.seq, ',' order by x.shard_key)
             from (select q.shard_key,
                          string_agg((q.payload->>'role') || coalesce(q.payload->>'n', ''), ' '
                                     order by q.started_at) seq
-                    from $QT q where q.shard_key like 'l%' group by q.shard_key) x")" \
-    "le:child1 child2 event,li:child1 child2 ids,lx:child1 child2 parent1"
+                    from $QT q where q.shard_key like 'l%' and q.status = 'done'
+                   group by q.shard_key) x")" \
+    "lb:event,le:child1 child2 event,li:child1 child2 ids,lx:child1 child2 parent1"
 }
 
 # A wait on the clock (after = 2 s) makes the row due then, and spends nothing.
