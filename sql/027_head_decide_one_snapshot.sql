@@ -22,10 +22,11 @@
 --
 -- The hand-over (026) gains one condition, `q.status = 'pending'` on the row it updates.
 -- Its candidate comes from the statement's snapshot; a row locked and leased meanwhile (a
--- batch claim, `--only`, leases rows that are not heads) is re-read by the UPDATE in its
--- new version, where the snapshot's "pending" no longer held, and was made a head: the
--- CHECK leash_head_is_pending refused it, failing the settle or the producer's INSERT that
--- ran the hand-over. Now such a row is passed over; its lease's settle hands over.
+-- claim scoped to a batch, `leash run --batch`, leases rows that are not heads; so does the
+-- claim of one given row, p_only) is re-read by the UPDATE in its new version, where the
+-- snapshot's "pending" no longer held, and was made a head: the CHECK leash_head_is_pending
+-- refused it, failing the settle or the producer's INSERT that ran the hand-over. Now such a
+-- row is passed over; its lease's settle hands over.
 
 CREATE OR REPLACE FUNCTION {{obj:head_decide}}(p_id bigint, p_tenant text, p_shard text,
                                                p_run_after timestamptz, p_take boolean)

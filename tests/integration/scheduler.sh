@@ -706,8 +706,9 @@ case_a_pending_head_deleted_hands_its_shard_over() {
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
 }
 
-# A hand-over whose next row is leased while it waits for that row's lock (a claim of one row,
-# `--only`, or of a batch leases rows that are not heads): the hand-over read the row as
+# A hand-over whose next row is leased while it waits for that row's lock (a claim scoped to a
+# batch, `leash run --batch`, leases rows that are not heads; here the claim of one given row,
+# p_only, does it at a chosen moment): the hand-over read the row as
 # pending in its snapshot, and must not make the leased row a head (the CHECK
 # leash_head_is_pending refused that, failing the statement that handed over: here, a head
 # deleted by hand). The claim's session locks the row first and leases it once the DELETE
