@@ -49,7 +49,14 @@ SELECT id, (payload->>'n')::int AS n, payload->>'via' AS via, status, attempts, 
        -- dead with every attempt spent, the last on a fault the mock injected in the llm step
        (status = 'dead' AND NOT coalesce((payload->>'fatal')::boolean, false)
         AND attempts >= max_attempts AND last_cause = 'returned'
-        AND last_error LIKE 'llm %') AS exhausted_by_mock
+        AND last_error LIKE 'llm %') AS exhausted_by_mock,
+       -- a waiter's wait in its attempt history; a provider-batch task's "ask" step stored
+       CASE WHEN payload->>'wait' IS NOT NULL THEN
+         EXISTS (SELECT 1 FROM agent_work_queue_attempts a
+                  WHERE a.task_id = agent_work_queue.id AND a.kind = 'wait') END AS waited,
+       CASE WHEN coalesce((payload->>'via_batch')::boolean, false) THEN
+         EXISTS (SELECT 1 FROM step_store_log s
+                  WHERE s.task_id = agent_work_queue.id AND s.name = 'ask') END AS asked
   FROM agent_work_queue
  WHERE NOT payload ? 'child_of';   -- the waiters' children: their own section (waits)
 
@@ -426,18 +433,15 @@ SELECT pg_temp.fig('executions that ended in a wait (attempt history)', count(*)
   FROM agent_work_queue_attempts WHERE kind = 'wait';
 SELECT pg_temp.fig('waiters done without a wait in their history (must be 0)', count(*), count(*) = 0)
   FROM q WHERE wait IS NOT NULL AND status = 'done'
-   AND NOT EXISTS (SELECT 1 FROM agent_work_queue_attempts a WHERE a.task_id = q.id AND a.kind = 'wait');
+   AND NOT waited;
 -- A waiter, resumed, runs as any task (execs, the llm step), so the mock's faults can spend
 -- its attempts after its wait as they spend anybody's: dead that way is not the wait's failure.
 SELECT pg_temp.fig('waiters dead with attempts spent on the mock''s faults after their wait',
                    count(*))
-  FROM q WHERE wait IS NOT NULL AND exhausted_by_mock
-   AND EXISTS (SELECT 1 FROM agent_work_queue_attempts a WHERE a.task_id = q.id AND a.kind = 'wait');
+  FROM q WHERE wait IS NOT NULL AND exhausted_by_mock AND waited;
 SELECT pg_temp.fig('waiters not done, other than those (must be 0)', count(*), count(*) = 0)
   FROM q WHERE wait IS NOT NULL AND status <> 'done'
-   AND NOT (exhausted_by_mock
-            AND EXISTS (SELECT 1 FROM agent_work_queue_attempts a
-                         WHERE a.task_id = q.id AND a.kind = 'wait'));
+   AND NOT (exhausted_by_mock AND waited);
 SELECT pg_temp.fig('waits past their deadline (must be 0)', count(*), count(*) = 0)
   FROM agent_work_queue_attempts WHERE cause = 'wait_deadline';
 SELECT pg_temp.fig('children (rows, done)', format('%s, %s', count(*), count(*) FILTER (WHERE status = 'done')))
@@ -457,15 +461,12 @@ SELECT pg_temp.fig('tasks through provider batches', count(*)) FROM q WHERE via_
 -- Answered, such a task runs as any task: the mock's faults may spend its attempts after its
 -- "ask" step stored, which is not the provider batch's failure (CI saw one: 7 timeouts, a 500).
 SELECT pg_temp.fig('  dead with attempts spent on the mock''s faults after their answer', count(*))
-  FROM q WHERE via_batch AND exhausted_by_mock
-   AND EXISTS (SELECT 1 FROM step_store_log s WHERE s.task_id = q.id AND s.name = 'ask');
+  FROM q WHERE via_batch AND exhausted_by_mock AND asked;
 SELECT pg_temp.fig('  not done, other than those (must be 0)', count(*), count(*) = 0)
   FROM q WHERE via_batch AND status <> 'done'
-   AND NOT (exhausted_by_mock
-            AND EXISTS (SELECT 1 FROM step_store_log s WHERE s.task_id = q.id AND s.name = 'ask'));
+   AND NOT (exhausted_by_mock AND asked);
 SELECT pg_temp.fig('  done without their "ask" step stored (must be 0)', count(*), count(*) = 0)
-  FROM q WHERE via_batch AND status = 'done'
-   AND NOT EXISTS (SELECT 1 FROM step_store_log s WHERE s.task_id = q.id AND s.name = 'ask');
+  FROM q WHERE via_batch AND status = 'done' AND NOT asked;
 SELECT pg_temp.fig('provider batches (ended / abandoned / all)',
                    format('%s / %s / %s', count(*) FILTER (WHERE state = 'ended'),
                           count(*) FILTER (WHERE state = 'abandoned'), count(*)))
