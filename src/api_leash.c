@@ -557,7 +557,7 @@ static PGresult *pool_exec(lua_State *L, const char *what, const char *sql, int 
     dbpool_put(h->pool, c);
     luaL_error(L, "%s: lease lost: the task's side effects are stopped", what);
   }
-  *box = PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  *box = dbpool_exec(h->pool, c, sql, nparams, params);
   ExecStatusType st = *box ? PQresultStatus(*box) : PGRES_FATAL_ERROR;
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
     const char *m = *box ? PQresultErrorField(*box, PG_DIAG_MESSAGE_PRIMARY) : NULL;

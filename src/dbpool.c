@@ -3,6 +3,7 @@
 
 #include "db.h"
 #include "signals.h"
+#include "stmtcache.h"
 #include "task.h"
 
 #include <math.h>
@@ -23,6 +24,7 @@ struct dbpool {
   char *idle_state;           /* IDLE_* */
   int nidle;
   struct busy *busy;          /* connections given out, with who has them */
+  struct cached *cached;      /* the statements each open connection has prepared */
   /* The janitor: resets the connections of executions that ended, so that the next
      execution's first statement does not wait for a reset (the pickup path). */
   pthread_t janitor;
@@ -48,12 +50,19 @@ struct busy {
   struct owner o;
 };
 
-static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen);
+struct cached {
+  PGconn *c;                  /* NULL: a free place */
+  struct stmtcache *sc;
+};
+
+static int reset_session(struct dbpool *p, PGconn *c, int timeout_ms, char *err, size_t errlen);
 static void mark_busy(struct dbpool *p, PGconn *c, struct owner o);
 static int set_timeout(PGconn *c, int ms, char *err, size_t errlen);
 static int silent_since_reset(PGconn *c);
 static PGconn *take_idle(struct dbpool *p, int i, struct owner *last, int *state);
 static void *janitor_main(void *arg);
+static void close_conn(struct dbpool *p, PGconn *c);
+static void forget_cache(struct dbpool *p, PGconn *c);
 
 struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_ms)
 {
@@ -64,12 +73,15 @@ struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_m
   p->idle_owner = calloc((size_t)max, sizeof *p->idle_owner);
   p->idle_state = calloc((size_t)max, sizeof *p->idle_state);
   p->busy = calloc((size_t)max, sizeof *p->busy);
+  p->cached = calloc((size_t)max, sizeof *p->cached);
   p->conninfo = conninfo ? strdup(conninfo) : NULL;
-  if (!p->idle || !p->idle_owner || !p->idle_state || !p->busy || (conninfo && !p->conninfo)) {
+  if (!p->idle || !p->idle_owner || !p->idle_state || !p->busy || !p->cached ||
+      (conninfo && !p->conninfo)) {
     free(p->idle);
     free(p->idle_owner);
     free(p->idle_state);
     free(p->busy);
+    free(p->cached);
     free(p->conninfo);
     free(p);
     return NULL;
@@ -98,6 +110,8 @@ void dbpool_free(struct dbpool *p)
   }
   for (int i = 0; i < p->nidle; i++)
     PQfinish(p->idle[i]);
+  for (int i = 0; i < p->max; i++)
+    stmtcache_free(p->cached[i].sc);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
   pthread_cond_destroy(&p->janitor_cv);
@@ -105,6 +119,7 @@ void dbpool_free(struct dbpool *p)
   free(p->idle_owner);
   free(p->idle_state);
   free(p->busy);
+  free(p->cached);
   free(p->conninfo);
   free(p);
 }
@@ -157,10 +172,10 @@ PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_
     else if (state == IDLE_FRESH && silent_since_reset(c))
       ok = ms == p->timeout_ms || set_timeout(c, ms, err, errlen) == 0;
     else
-      ok = reset_session(c, ms, err, errlen) == 0;
+      ok = reset_session(p, c, ms, err, errlen) == 0;
     if (!ok) {
       /* A session that cannot be reset is not given out: a fresh one replaces it. */
-      PQfinish(c);
+      close_conn(p, c);
       c = NULL;
     }
     if (c) {
@@ -250,9 +265,9 @@ static void *janitor_main(void *arg)
     PGconn *c = take_idle(p, i, &last, &state);
     pthread_mutex_unlock(&p->mu);
     char err[DB_ERR_MAX];
-    int ok = reset_session(c, p->timeout_ms, err, sizeof err) == 0;
+    int ok = reset_session(p, c, p->timeout_ms, err, sizeof err) == 0;
     if (!ok)
-      PQfinish(c);
+      close_conn(p, c);
     pthread_mutex_lock(&p->mu);
     if (ok) {
       p->idle_owner[p->nidle] = (struct owner){ -1, -1 };
@@ -282,22 +297,41 @@ static void mark_busy(struct dbpool *p, PGconn *c, struct owner o)
 /* Back to the state of a new connection (see dbpool.h), in one round trip. The session is
    idle here: put rolled back whatever the script left open. DISCARD ALL itself cannot run in
    the implicit transaction of a multi-statement query, so this is what the PostgreSQL manual
-   says it is equivalent to, statement by statement; RESET ROLE after RESET ALL is for a role
-   default set with ALTER ROLE ... SET role. */
-static int reset_session(PGconn *c, int timeout_ms, char *err, size_t errlen)
+   says it is equivalent to, statement by statement, but for two parts that would undo the
+   statement cache (stmtcache.h). DEALLOCATE ALL is sent only when a script made a statement
+   of its own with SQL's PREPARE (from_sql, counted by the reset's last statement), and the
+   cache is emptied with it: a second round trip for such a script only. DISCARD PLANS is
+   left out: a plan belongs to its statement, not to the session (the server plans again
+   after DDL, a search_path or role change, a temp table dropped). RESET ROLE after RESET ALL
+   is for a role default set with ALTER ROLE ... SET role. */
+static int reset_session(struct dbpool *p, PGconn *c, int timeout_ms, char *err, size_t errlen)
 {
   if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE) {
     snprintf(err, errlen, "pooled connection not idle");
     return -1;
   }
-  char sql[320];
+  char sql[400];
   snprintf(sql, sizeof sql,
-           "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; "
-           "UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; "
-           "DISCARD SEQUENCES; RESET ROLE; SET statement_timeout = %d",
+           "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
+           "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; RESET ROLE; "
+           "SET statement_timeout = %d; "
+           "SELECT count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql",
            timeout_ms > 0 ? timeout_ms : 0);
-  if (db_script(c, sql, err, errlen) != 0)
+  PGresult *r = PQexec(c, sql);   /* the last statement's result */
+  int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+  int scripts_own = ok && strcmp(PQgetvalue(r, 0, 0), "0") != 0;
+  if (!ok)
+    db_one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(c), err, errlen);
+  PQclear(r);
+  if (!ok)
     return -1;
+  if (scripts_own) {
+    if (db_command(c, "DEALLOCATE ALL", err, errlen) != 0)
+      return -1;
+    pthread_mutex_lock(&p->mu);
+    forget_cache(p, c);
+    pthread_mutex_unlock(&p->mu);
+  }
   /* Notifications received before the reset are the last user's. */
   PGnotify *n;
   PQconsumeInput(c);
@@ -334,9 +368,49 @@ void dbpool_put(struct dbpool *p, PGconn *c)
     p->idle_state[p->nidle] = IDLE_USED;
     p->idle[p->nidle++] = c;
   } else {
+    forget_cache(p, c);
     PQfinish(c);
     p->open--;
   }
   pthread_cond_signal(&p->cv);
   pthread_mutex_unlock(&p->mu);
+}
+
+PGresult *dbpool_exec(struct dbpool *p, PGconn *c, const char *sql, int nparams,
+                      const char *const *params)
+{
+  struct stmtcache *sc = NULL;
+  pthread_mutex_lock(&p->mu);
+  int free_at = -1;
+  for (int i = 0; i < p->max && !sc; i++) {
+    if (p->cached[i].c == c)
+      sc = p->cached[i].sc;
+    else if (!p->cached[i].c && free_at < 0)
+      free_at = i;
+  }
+  if (!sc && free_at >= 0 && (sc = stmtcache_new()) != NULL)
+    p->cached[free_at] = (struct cached){ c, sc };
+  pthread_mutex_unlock(&p->mu);
+  /* The connection is the caller's alone, and so is its cache, until dbpool_put. */
+  return stmtcache_exec(sc, c, sql, nparams, params);
+}
+
+/* Under mu: c is closed, and what it had prepared with it (a new connection may be given
+   c's address). */
+static void forget_cache(struct dbpool *p, PGconn *c)
+{
+  for (int i = 0; c && i < p->max; i++)
+    if (p->cached[i].c == c) {
+      stmtcache_free(p->cached[i].sc);
+      p->cached[i] = (struct cached){ NULL, NULL };
+    }
+}
+
+/* Outside mu: PQfinish with forget_cache. */
+static void close_conn(struct dbpool *p, PGconn *c)
+{
+  pthread_mutex_lock(&p->mu);
+  forget_cache(p, c);
+  pthread_mutex_unlock(&p->mu);
+  PQfinish(c);
 }

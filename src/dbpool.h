@@ -4,9 +4,11 @@
  * free one. A connection comes back idle: an open transaction is rolled back, a broken one
  * is closed and reopened on next use. No session state crosses executions: a connection last
  * used by another execution (task id and attempt) is reset with the statements DISCARD ALL
- * stands for (dropping temp tables, prepared statements, cursors, LISTENs and session
- * advisory locks, undoing SET ROLE, SET SESSION AUTHORIZATION and every SET) and RESET ROLE,
- * in one round trip; a reset that fails closes it and a fresh one is opened. The reset is
+ * stands for (dropping temp tables, the statements scripts PREPAREd, cursors, LISTENs and
+ * session advisory locks, undoing SET ROLE, SET SESSION AUTHORIZATION and every SET) and
+ * RESET ROLE, in one round trip; a reset that fails closes it and a fresh one is opened.
+ * What stays is the pool's own statement cache (stmtcache.h): scripts' SQL texts the
+ * connection has prepared, which any execution running the same text may use. The reset is
  * done off the pickup path where it can be: when an execution ends (dbpool_done), a helper
  * thread, the janitor, resets its idle connections, and the next execution takes one as it
  * is. Before every other statement statement_timeout is set again from the caller's time
@@ -35,6 +37,11 @@ PGconn *dbpool_get(struct dbpool *p, char *err, size_t errlen);
 PGconn *dbpool_get_for(struct dbpool *p, const struct task *t, double time_left_s, char *err,
                        size_t errlen);
 void dbpool_put(struct dbpool *p, PGconn *c);
+
+/* Runs one statement on c, taken from p and not yet put back, as PQexecParams does, through
+   c's statement cache (stmtcache.h). */
+PGresult *dbpool_exec(struct dbpool *p, PGconn *c, const char *sql, int nparams,
+                      const char *const *params);
 
 /* t's execution has ended (its script returned): its idle connections are reset in the
    background. NULL p or t: nothing. */

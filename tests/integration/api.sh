@@ -197,6 +197,50 @@ case_pooled_session_state_never_reaches_the_next_task() {
   assert_no_sanitizer_reports
 }
 
+# The pool prepares a script's statement the first time a connection runs its text and keeps
+# it for every later execution on that connection (stmtcache.h). With --db-pool 1 every task
+# shares one session: a statement run by six tasks is prepared once and run six times; then
+# each way a script can pull the prepared statements from under the cache (DEALLOCATE ALL,
+# DISCARD ALL, DEALLOCATE by name, PREPARE under the names it would use next, ALTER TABLE
+# under a cached SELECT *, more texts than it holds, a statement that fails) is followed by
+# cached statements that must answer as if nothing were cached, and a script's own PREPAREd
+# statements are gone for the next task.
+case_a_pooled_sessions_statements_are_prepared_once_and_survive_misuse() {
+  api_setup
+  q "create table side (s text); insert into side values ('a'), ('b')" >/dev/null
+  local modes=(count count count count count count stats deallocate_all discard_all deallocate_each
+    squat stats star alter star many stats broken count) m ids=()
+  for m in "${modes[@]}"; do
+    ids+=("$(enqueue_one "{\"m\":\"$m\"}")")
+  done
+  start_worker A "$API/db_cache.lua" --concurrency 1 --db-pool 1 --poll-ms 20-50 --until-empty
+  assert_worker_exit A 60 0
+  assert_eq "tasks not done" "$(q "select count(*) from agent_work_queue where status <> 'done'")" 0
+  assert_eq "one connection for every task" "$(q "select count(distinct result->>'pid') from agent_work_queue")" 1
+  local i out
+  for i in "${!modes[@]}"; do
+    out=$(row "${ids[$i]}" "result - 'pid'")
+    echo "# ${modes[$i]}: $out" >&2
+    case ${modes[$i]} in
+      count | deallocate_all | discard_all | deallocate_each) assert_eq "${modes[$i]} (task $i)" "$out" '{"n": 2}' ;;
+      squat) assert_eq "squat" "$out" '{"n": 42}' ;;
+      star) ;;
+      alter) assert_eq "alter" "$out" '{}' ;;
+      many) assert_eq "many" "$out" '{"bad": 0}' ;;
+      broken) assert_contains "broken" "$out" 'no_such_column' ;;
+    esac
+  done
+  # Six runs of one text, one statement: prepared once (the runs are counted by the server).
+  assert_eq "runs of the count statement" "$(row "${ids[6]}" "(result->>'runs')::int >= 6")" t
+  assert_eq "scripts' statements at first" "$(row "${ids[6]}" "result->>'scripts'")" 0
+  # The squatter's 300 PREPAREs did not outlive its task.
+  assert_eq "scripts' statements after the squatter" "$(row "${ids[11]}" "result->>'scripts'")" 0
+  assert_eq "star before the alter" "$(row "${ids[12]}" "result - 'pid'")" '{"s": "a"}'
+  assert_eq "star after the alter" "$(row "${ids[14]}" "result - 'pid'")" '{"s": "a", "extra": 7}'
+  assert_eq "statements kept after 150 texts" "$(row "${ids[16]}" "(result->>'ours')::int between 1 and 64")" t
+  assert_no_sanitizer_reports
+}
+
 # A reset session waits in the pool for the next task, which sends its first statement with
 # no round trip before it; a backend terminated meanwhile (a restart, an operator's
 # pg_terminate_backend) must not cost that task its statement: the pool sees from the socket

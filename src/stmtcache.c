@@ -1,0 +1,242 @@
+/* stmtcache: prepared statements kept per pooled connection. See stmtcache.h. */
+#include "stmtcache.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Longer texts are run unnamed: the cache's memory stays bounded (here and on the server). */
+#define SQL_MAX 16384
+
+struct entry {
+  char *sql;            /* NULL: a free place */
+  size_t len;
+  uint64_t hash;
+  int nparams;
+  unsigned serial;      /* the statement's name on the server: leash_stmt_<serial> */
+  unsigned long used;   /* the cache's tick at its last use */
+};
+
+struct stmtcache {
+  struct entry e[STMTCACHE_MAX];
+  unsigned serial;
+  unsigned long tick;
+};
+
+/* Why a cached statement's run failed before it ran, if it did. */
+enum { RAN, GONE, RESULT_CHANGED };
+
+static int keepable(const char *sql);
+static uint64_t fnv1a(const char *s, size_t n);
+static struct entry *find(struct stmtcache *sc, const char *sql, size_t len, uint64_t h,
+                          int nparams);
+static struct entry *place_for(struct stmtcache *sc);
+static int why_failed(const PGresult *r);
+static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop_old, PGconn *c,
+                                 const char *sql, size_t len, uint64_t h, int nparams,
+                                 const char *const *params);
+
+struct stmtcache *stmtcache_new(void)
+{
+  return calloc(1, sizeof(struct stmtcache));
+}
+
+void stmtcache_free(struct stmtcache *sc)
+{
+  if (!sc)
+    return;
+  for (int i = 0; i < STMTCACHE_MAX; i++)
+    free(sc->e[i].sql);
+  free(sc);
+}
+
+int stmtcache_size(const struct stmtcache *sc)
+{
+  int n = 0;
+  for (int i = 0; sc && i < STMTCACHE_MAX; i++)
+    n += sc->e[i].sql != NULL;
+  return n;
+}
+
+PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int nparams,
+                         const char *const *params)
+{
+  size_t len = sql ? strlen(sql) : 0;
+  if (!sc || len == 0 || len > SQL_MAX || !keepable(sql) ||
+      PQpipelineStatus(c) != PQ_PIPELINE_OFF)
+    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  uint64_t h = fnv1a(sql, len);
+  struct entry *e = find(sc, sql, len, h, nparams);
+  int drop_old = 0;
+  if (e) {
+    char name[32];
+    snprintf(name, sizeof name, "leash_stmt_%u", e->serial);
+    e->used = ++sc->tick;
+    PGresult *r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
+    int why = why_failed(r);
+    if (why == RAN)
+      return r;
+    /* Refused before it ran: prepared again in the same place, and run once more. */
+    PQclear(r);
+    drop_old = why == RESULT_CHANGED;   /* GONE: nothing left on the server to drop */
+  } else {
+    e = place_for(sc);
+    drop_old = e->sql != NULL;
+  }
+  return prepare_and_run(sc, e, drop_old, c, sql, len, h, nparams, params);
+}
+
+/* Fills e with sql, prepared under a new name, and runs it: one round trip, in which e's old
+   statement, when drop_old, is deallocated first (its own sync, so that its failure, say a
+   script deallocated it already, does not abort the rest). */
+static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop_old, PGconn *c,
+                                 const char *sql, size_t len, uint64_t h, int nparams,
+                                 const char *const *params)
+{
+  char old[64], name[32];
+  snprintf(old, sizeof old, "DEALLOCATE leash_stmt_%u", e->serial);
+  free(e->sql);
+  *e = (struct entry){ 0 };
+  unsigned serial = ++sc->serial;
+  snprintf(name, sizeof name, "leash_stmt_%u", serial);
+  if (PQenterPipelineMode(c) != 1)
+    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  int want = 1, sent = 1;
+  if (drop_old) {
+    sent = sent && PQsendQueryParams(c, old, 0, NULL, NULL, NULL, NULL, 0) == 1 &&
+           PQpipelineSync(c) == 1;
+    want++;
+  }
+  sent = sent && PQsendPrepare(c, name, sql, nparams, NULL) == 1 &&
+         PQsendQueryPrepared(c, name, nparams, params, NULL, NULL, 0) == 1 &&
+         PQpipelineSync(c) == 1;
+  /* The results in order: [DEALLOCATE, sync,] Parse, Bind/Execute, sync. One NULL ends each
+     statement's results; two in a row mean the connection failed. */
+  PGresult *got[3] = { NULL, NULL, NULL };
+  int n = 0, syncs = 0, nulls = 0;
+  while (sent && syncs < want && nulls < 2) {
+    PGresult *r = PQgetResult(c);
+    if (!r) {
+      nulls++;
+      continue;
+    }
+    nulls = 0;
+    if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+      syncs++;
+      PQclear(r);
+    } else if (n < 3) {
+      got[n++] = r;
+    } else {
+      PQclear(r);
+    }
+  }
+  int whole = sent && syncs == want && n == (drop_old ? 3 : 2);
+  /* Left in pipeline mode only with results pending, on a failed connection: the pool closes
+     a connection that is not idle. */
+  PQexitPipelineMode(c);
+  PGresult *prep = whole ? got[drop_old ? 1 : 0] : NULL;
+  PGresult *run = whole ? got[drop_old ? 2 : 1] : NULL;
+  if (drop_old)
+    PQclear(got[0]);
+  if (!whole) {
+    for (int i = drop_old; i < n; i++)
+      PQclear(got[i]);
+    return NULL;   /* the caller reads PQerrorMessage, as after a failed PQexecParams */
+  }
+  if (PQresultStatus(prep) == PGRES_COMMAND_OK) {
+    PQclear(prep);
+    e->sql = malloc(len + 1);
+    if (e->sql) {
+      memcpy(e->sql, sql, len + 1);
+      e->len = len;
+      e->hash = h;
+      e->nparams = nparams;
+      e->serial = serial;
+      e->used = ++sc->tick;
+    }
+    /* Out of memory: the statement stays on the server under a name nothing reuses. */
+    return run;
+  }
+  PQclear(run);   /* PGRES_PIPELINE_ABORTED: it never ran */
+  const char *state = PQresultErrorField(prep, PG_DIAG_SQLSTATE);
+  if (state && strcmp(state, "42P05") == 0) {
+    /* The name is taken (a script's own PREPARE leash_stmt_N): this one runs unnamed. */
+    PQclear(prep);
+    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
+  }
+  return prep;   /* the statement's own error (syntax, a missing table): what it gets unnamed */
+}
+
+/* A plannable statement's first word, after blanks and opening parentheses. */
+static int keepable(const char *sql)
+{
+  static const char *const words[] = { "select", "insert", "update", "delete",
+                                       "with",   "values", "table",  "merge" };
+  const char *p = sql;
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '(')
+    p++;
+  size_t n = 0;
+  while ((p[n] >= 'a' && p[n] <= 'z') || (p[n] >= 'A' && p[n] <= 'Z'))
+    n++;
+  char next = p[n];
+  if ((next >= '0' && next <= '9') || next == '_' || next == '$' || (unsigned char)next >= 0x80)
+    return 0;
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+    if (strlen(words[i]) == n && strncasecmp(p, words[i], n) == 0)
+      return 1;
+  return 0;
+}
+
+static uint64_t fnv1a(const char *s, size_t n)
+{
+  uint64_t h = 14695981039346656037ULL;
+  for (size_t i = 0; i < n; i++) {
+    h ^= (unsigned char)s[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+static struct entry *find(struct stmtcache *sc, const char *sql, size_t len, uint64_t h,
+                          int nparams)
+{
+  for (int i = 0; i < STMTCACHE_MAX; i++) {
+    struct entry *e = &sc->e[i];
+    if (e->sql && e->hash == h && e->len == len && e->nparams == nparams &&
+        memcmp(e->sql, sql, len) == 0)
+      return e;
+  }
+  return NULL;
+}
+
+/* A free place, else the least recently used one. */
+static struct entry *place_for(struct stmtcache *sc)
+{
+  struct entry *lru = &sc->e[0];
+  for (int i = 0; i < STMTCACHE_MAX; i++) {
+    if (!sc->e[i].sql)
+      return &sc->e[i];
+    if (sc->e[i].used < lru->used)
+      lru = &sc->e[i];
+  }
+  return lru;
+}
+
+/* The two refusals of a cached statement that come before it runs, told by the function of
+   PostgreSQL that raised them (its name is never translated; the message may be). */
+static int why_failed(const PGresult *r)
+{
+  if (!r || PQresultStatus(r) != PGRES_FATAL_ERROR)
+    return RAN;
+  const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+  const char *fn = PQresultErrorField(r, PG_DIAG_SOURCE_FUNCTION);
+  if (!state || !fn)
+    return RAN;
+  if (strcmp(state, "26000") == 0 && strcmp(fn, "FetchPreparedStatement") == 0)
+    return GONE;
+  if (strcmp(state, "0A000") == 0 && strcmp(fn, "RevalidateCachedQuery") == 0)
+    return RESULT_CHANGED;
+  return RAN;
+}
