@@ -53,6 +53,7 @@ struct busy {
 struct cached {
   PGconn *c;                  /* NULL: a free place */
   struct stmtcache *sc;
+  int plain;                  /* its session has a temp schema: no cache, the whole reset */
 };
 
 static int reset_session(struct dbpool *p, PGconn *c, int timeout_ms, char *err, size_t errlen);
@@ -63,6 +64,8 @@ static PGconn *take_idle(struct dbpool *p, int i, struct owner *last, int *state
 static void *janitor_main(void *arg);
 static void close_conn(struct dbpool *p, PGconn *c);
 static void forget_cache(struct dbpool *p, PGconn *c);
+static int is_plain(const struct dbpool *p, const PGconn *c);
+static void make_plain(struct dbpool *p, PGconn *c);
 
 struct dbpool *dbpool_new(const char *conninfo, int max, int statement_timeout_ms)
 {
@@ -297,39 +300,54 @@ static void mark_busy(struct dbpool *p, PGconn *c, struct owner o)
 /* Back to the state of a new connection (see dbpool.h), in one round trip. The session is
    idle here: put rolled back whatever the script left open. DISCARD ALL itself cannot run in
    the implicit transaction of a multi-statement query, so this is what the PostgreSQL manual
-   says it is equivalent to, statement by statement, but for two parts that would undo the
-   statement cache (stmtcache.h). DEALLOCATE ALL is sent only when a script made a statement
-   of its own with SQL's PREPARE (from_sql, counted by the reset's last statement), and the
-   cache is emptied with it: a second round trip for such a script only. DISCARD PLANS is
-   left out: a plan belongs to its statement, not to the session (the server plans again
-   after DDL, a search_path or role change, a temp table dropped). RESET ROLE after RESET ALL
-   is for a role default set with ALTER ROLE ... SET role. */
+   says it is equivalent to, statement by statement; RESET ROLE after RESET ALL is for a role
+   default set with ALTER ROLE ... SET role.
+
+   Two of those statements would undo the statement cache (stmtcache.h) and are sent only
+   when needed, told by the reset's last statement. DEALLOCATE ALL: when a script made a
+   statement of its own with SQL's PREPARE (from_sql). DISCARD PLANS: when the session has a
+   temp schema. A plan holds its tables by OID, and the server plans again after DDL, a
+   search_path or role change, and a session's first temp table (its temp schema joins the
+   search_path); but a later temp table in a session that has one invalidates nothing, so
+   a kept plan would go on reading or writing the permanent table it shadows. Such a session
+   (every temp table leaves its schema behind) gives up its cache for good: its statements
+   run unnamed and it gets the whole reset, as every session did before the cache. */
 static int reset_session(struct dbpool *p, PGconn *c, int timeout_ms, char *err, size_t errlen)
 {
   if (PQstatus(c) != CONNECTION_OK || PQtransactionStatus(c) != PQTRANS_IDLE) {
     snprintf(err, errlen, "pooled connection not idle");
     return -1;
   }
-  char sql[400];
+  pthread_mutex_lock(&p->mu);
+  int plain = is_plain(p, c);
+  pthread_mutex_unlock(&p->mu);
+  char sql[480];
   snprintf(sql, sizeof sql,
            "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
            "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; RESET ROLE; "
-           "SET statement_timeout = %d; "
-           "SELECT count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql",
-           timeout_ms > 0 ? timeout_ms : 0);
+           "SET statement_timeout = %d; %s",
+           timeout_ms > 0 ? timeout_ms : 0,
+           plain ? "DEALLOCATE ALL; DISCARD PLANS"
+                 : "SELECT count(*) FILTER (WHERE from_sql) > 0, pg_my_temp_schema() <> 0 "
+                   "FROM pg_catalog.pg_prepared_statements");
   PGresult *r = PQexec(c, sql);   /* the last statement's result */
-  int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
-  int scripts_own = ok && strcmp(PQgetvalue(r, 0, 0), "0") != 0;
+  int ok = r && (plain ? PQresultStatus(r) == PGRES_COMMAND_OK
+                       : PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1);
+  int scripts_own = ok && !plain && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+  int temp = ok && !plain && strcmp(PQgetvalue(r, 0, 1), "t") == 0;
   if (!ok)
     db_one_line(r ? PQresultErrorMessage(r) : PQerrorMessage(c), err, errlen);
   PQclear(r);
   if (!ok)
     return -1;
-  if (scripts_own) {
-    if (db_command(c, "DEALLOCATE ALL", err, errlen) != 0)
+  if (scripts_own || temp) {
+    if (db_script(c, temp ? "DEALLOCATE ALL; DISCARD PLANS" : "DEALLOCATE ALL", err, errlen) != 0)
       return -1;
     pthread_mutex_lock(&p->mu);
-    forget_cache(p, c);
+    if (temp)
+      make_plain(p, c);
+    else
+      forget_cache(p, c);
     pthread_mutex_unlock(&p->mu);
   }
   /* Notifications received before the reset are the last user's. */
@@ -382,14 +400,17 @@ PGresult *dbpool_exec(struct dbpool *p, PGconn *c, const char *sql, int nparams,
   struct stmtcache *sc = NULL;
   pthread_mutex_lock(&p->mu);
   int free_at = -1;
-  for (int i = 0; i < p->max && !sc; i++) {
-    if (p->cached[i].c == c)
+  int found = 0;
+  for (int i = 0; i < p->max && !found; i++) {
+    if (p->cached[i].c == c) {
       sc = p->cached[i].sc;
-    else if (!p->cached[i].c && free_at < 0)
+      found = 1;
+    } else if (!p->cached[i].c && free_at < 0) {
       free_at = i;
+    }
   }
-  if (!sc && free_at >= 0 && (sc = stmtcache_new()) != NULL)
-    p->cached[free_at] = (struct cached){ c, sc };
+  if (!found && free_at >= 0 && (sc = stmtcache_new()) != NULL)
+    p->cached[free_at] = (struct cached){ c, sc, 0 };
   pthread_mutex_unlock(&p->mu);
   /* The connection is the caller's alone, and so is its cache, until dbpool_put. */
   return stmtcache_exec(sc, c, sql, nparams, params);
@@ -402,7 +423,27 @@ static void forget_cache(struct dbpool *p, PGconn *c)
   for (int i = 0; c && i < p->max; i++)
     if (p->cached[i].c == c) {
       stmtcache_free(p->cached[i].sc);
-      p->cached[i] = (struct cached){ NULL, NULL };
+      p->cached[i] = (struct cached){ NULL, NULL, 0 };
+    }
+}
+
+/* Under mu: whether c is plain (see struct cached). */
+static int is_plain(const struct dbpool *p, const PGconn *c)
+{
+  for (int i = 0; i < p->max; i++)
+    if (p->cached[i].c == c)
+      return p->cached[i].plain;
+  return 0;
+}
+
+/* Under mu: c runs its statements unnamed from now on, and gets the whole reset. */
+static void make_plain(struct dbpool *p, PGconn *c)
+{
+  forget_cache(p, c);
+  for (int i = 0; i < p->max; i++)
+    if (!p->cached[i].c) {
+      p->cached[i] = (struct cached){ c, NULL, 1 };
+      return;
     }
 }
 

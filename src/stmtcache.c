@@ -25,8 +25,8 @@ struct stmtcache {
   unsigned long tick;
 };
 
-/* Why a cached statement's run failed before it ran, if it did. */
-enum { RAN, GONE, RESULT_CHANGED };
+/* Whether a cached statement's run was refused before it ran (then it is prepared again). */
+enum { RAN, REFUSED };
 
 static int keepable(const char *sql);
 static uint64_t fnv1a(const char *s, size_t n);
@@ -69,18 +69,18 @@ PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int n
     return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   uint64_t h = fnv1a(sql, len);
   struct entry *e = find(sc, sql, len, h, nparams);
-  int drop_old = 0;
+  int drop_old;
   if (e) {
     char name[32];
     snprintf(name, sizeof name, "leash_stmt_%u", e->serial);
     e->used = ++sc->tick;
     PGresult *r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
-    int why = why_failed(r);
-    if (why == RAN)
+    if (why_failed(r) == RAN)
       return r;
-    /* Refused before it ran: prepared again in the same place, and run once more. */
+    /* Refused before it ran: prepared again in the same place, and run once more. The old
+       name is deallocated whether or not the server still has it (its own sync). */
     PQclear(r);
-    drop_old = why == RESULT_CHANGED;   /* GONE: nothing left on the server to drop */
+    drop_old = 1;
   } else {
     e = place_for(sc);
     drop_old = e->sql != NULL;
@@ -95,14 +95,14 @@ static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop
                                  const char *sql, size_t len, uint64_t h, int nparams,
                                  const char *const *params)
 {
+  if (PQenterPipelineMode(c) != 1)   /* e stays as it was */
+    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   char old[64], name[32];
   snprintf(old, sizeof old, "DEALLOCATE leash_stmt_%u", e->serial);
   free(e->sql);
   *e = (struct entry){ 0 };
   unsigned serial = ++sc->serial;
   snprintf(name, sizeof name, "leash_stmt_%u", serial);
-  if (PQenterPipelineMode(c) != 1)
-    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   int want = 1, sent = 1;
   if (drop_old) {
     sent = sent && PQsendQueryParams(c, old, 0, NULL, NULL, NULL, NULL, 0) == 1 &&
@@ -141,9 +141,18 @@ static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop
   if (drop_old)
     PQclear(got[0]);
   if (!whole) {
-    for (int i = drop_old; i < n; i++)
-      PQclear(got[i]);
-    return NULL;   /* the caller reads PQerrorMessage, as after a failed PQexecParams */
+    /* The connection failed: the server's last word, if it said one (a FATAL on its way
+       out), else NULL, and the caller reads PQerrorMessage, as after PQexecParams. */
+    PGresult *last = NULL;
+    for (int i = drop_old; i < n; i++) {
+      if (PQresultStatus(got[i]) == PGRES_FATAL_ERROR) {
+        PQclear(last);
+        last = got[i];
+      } else {
+        PQclear(got[i]);
+      }
+    }
+    return last;
   }
   if (PQresultStatus(prep) == PGRES_COMMAND_OK) {
     PQclear(prep);
@@ -224,19 +233,33 @@ static struct entry *place_for(struct stmtcache *sc)
   return lru;
 }
 
-/* The two refusals of a cached statement that come before it runs, told by the function of
-   PostgreSQL that raised them (its name is never translated; the message may be). */
+/* The refusals of a cached statement that come before it runs, when the server analyses it
+   again at Bind: its statement gone (a script's DEALLOCATE or DISCARD ALL: 26000 from
+   FetchPreparedStatement), its result columns changed under it (0A000 from
+   RevalidateCachedQuery), or the new analysis failing with the parameter types fixed when it
+   was prepared (class 42: a column's type altered, another search_path), which a new Parse
+   infers afresh. Told by the function or file that raised them (never translated; the
+   message may be) and by the error having no context: an error raised inside the running
+   statement (a function's EXECUTE of a missing statement) has one, and that statement is
+   not run twice. */
 static int why_failed(const PGresult *r)
 {
-  if (!r || PQresultStatus(r) != PGRES_FATAL_ERROR)
+  if (!r || PQresultStatus(r) != PGRES_FATAL_ERROR ||
+      PQresultErrorField(r, PG_DIAG_CONTEXT) != NULL)
     return RAN;
   const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
   const char *fn = PQresultErrorField(r, PG_DIAG_SOURCE_FUNCTION);
   if (!state || !fn)
     return RAN;
   if (strcmp(state, "26000") == 0 && strcmp(fn, "FetchPreparedStatement") == 0)
-    return GONE;
+    return REFUSED;
   if (strcmp(state, "0A000") == 0 && strcmp(fn, "RevalidateCachedQuery") == 0)
-    return RESULT_CHANGED;
+    return REFUSED;
+  /* Class 42 only from the parser's analysis (parse_*.c, analyze.c), which runs nothing:
+     the executor raises some class 42 errors too (a function's row not matching). */
+  const char *file = PQresultErrorField(r, PG_DIAG_SOURCE_FILE);
+  if (strncmp(state, "42", 2) == 0 && file &&
+      (strncmp(file, "parse_", 6) == 0 || strcmp(file, "analyze.c") == 0))
+    return REFUSED;
   return RAN;
 }

@@ -204,12 +204,22 @@ case_pooled_session_state_never_reaches_the_next_task() {
 # DISCARD ALL, DEALLOCATE by name, PREPARE under the names it would use next, ALTER TABLE
 # under a cached SELECT *, more texts than it holds, a statement that fails) is followed by
 # cached statements that must answer as if nothing were cached, and a script's own PREPAREd
-# statements are gone for the next task.
+# statements are gone for the next task. Then what a kept plan could get wrong: a statement
+# failing inside what it runs is not run again; one text under two search_paths whose tables
+# differ in the parameter's type, and after the column's type is altered, answers each time;
+# a temp table shadowing a permanent one takes the writes of a text cached before it (the
+# session had a temp schema already, so its creation invalidates nothing by itself).
 case_a_pooled_sessions_statements_are_prepared_once_and_survive_misuse() {
   api_setup
-  q "create table side (s text); insert into side values ('a'), ('b')" >/dev/null
+  q "create table side (s text); insert into side values ('a'), ('b');
+     create sequence twice_seq;
+     create function leash_twice() returns int language plpgsql as
+       \$\$ begin perform nextval('twice_seq'); execute 'execute no_such_statement'; return 1; end \$\$;
+     create schema rsa; create table rsa.t (k text); insert into rsa.t values ('1');
+     create schema rsb; create table rsb.t (k int); insert into rsb.t values (1), (1)" >/dev/null
   local modes=(count count count count count count stats deallocate_all discard_all deallocate_each
-    squat stats star alter star many stats broken count) m ids=()
+    squat stats star alter star many stats broken count twice sp_a sp_b retype sp_b
+    temp_schema insert_side temp_side) m ids=()
   for m in "${modes[@]}"; do
     ids+=("$(enqueue_one "{\"m\":\"$m\"}")")
   done
@@ -228,8 +238,14 @@ case_a_pooled_sessions_statements_are_prepared_once_and_survive_misuse() {
       alter) assert_eq "alter" "$out" '{}' ;;
       many) assert_eq "many" "$out" '{"bad": 0}' ;;
       broken) assert_contains "broken" "$out" 'no_such_column' ;;
+      twice) assert_eq "twice" "$out" '{"n": 2}' ;;
+      sp_a) assert_eq "search_path a" "$out" '{"n": 1}' ;;
+      sp_b) assert_eq "search_path b (task $i)" "$out" '{"n": 2}' ;;
+      retype | temp_schema | insert_side) assert_eq "${modes[$i]}" "$out" '{}' ;;
+      temp_side) assert_eq "temp_side" "$out" '{"temp_rows": 1}' ;;
     esac
   done
+  assert_eq "rows the temp table's insert put in the permanent one" "$(q "select count(*) from side where s = 'y1'")" 0
   # Six runs of one text, one statement: prepared once (the runs are counted by the server).
   assert_eq "runs of the count statement" "$(row "${ids[6]}" "(result->>'runs')::int >= 6")" t
   assert_eq "scripts' statements at first" "$(row "${ids[6]}" "result->>'scripts'")" 0
