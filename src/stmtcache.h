@@ -12,10 +12,16 @@
  * same round trip as the statement that takes its place.
  *
  * The server may drop what was prepared behind the cache's back (a script's DISCARD ALL or
- * DEALLOCATE) or refuse a cached plan whose result columns changed (ALTER TABLE under a
- * SELECT *): both are told by the error's source, raised before the statement runs, and the
- * statement is prepared again and run once more. Statements run in autocommit (the pool
- * rolls back a transaction left open), so nothing of the failed try remains.
+ * DEALLOCATE), refuse a cached plan whose result columns changed (ALTER TABLE under a
+ * SELECT *), or fail to analyse it again with the parameter types inferred when it was
+ * prepared (another search_path, a column's type altered): all are told by the error's
+ * source, raised at Bind before anything runs, and the statement is prepared again and run
+ * once more. Statements run in autocommit (the pool rolls back a transaction left open), so
+ * nothing of the failed try remains. Like any prepared statement, a kept one holds its
+ * tables by OID: one that a temp table created later in the same session would shadow goes
+ * on using the permanent table (PREPARE's manual page). The pool keeps no cache for a
+ * session that has a temp schema (dbpool.c); the case left is an execution that creates a
+ * second temp table shadowing a text it ran after its first.
  *
  * Not thread-safe: a cache belongs to its connection, which one thread holds at a time.
  */
