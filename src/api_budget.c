@@ -314,7 +314,7 @@ static int exec(lua_State *L, const char *sql, int n, const char *const *params,
   PGconn *c = dbpool_get_for(ctx->host->pool, ctx->task, taskctx_time_left(ctx), err, errlen);
   if (!c)
     return -1;
-  PGresult *r = PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
+  PGresult *r = dbpool_exec(ctx->host->pool, c, sql, n, params);
   ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
     const char *m = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : NULL;
