@@ -1,6 +1,7 @@
 /* stmtcache: prepared statements kept per pooled connection. See stmtcache.h. */
 #include "stmtcache.h"
 
+#include <openssl/evp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,18 +11,24 @@
 /* Longer texts are run unnamed: the cache's memory stays bounded (here and on the server). */
 #define SQL_MAX 16384
 
+/* A statement's name on the server: "leash_" and 32 hex digits of the SHA-256 of its
+   parameter count (4 bytes, big-endian) and text. Named by content, not by a counter, so
+   that a name means one text on every connection: behind a pooler that shares server
+   sessions between clients (PgBouncer's transaction mode), a name prepared by another
+   client is the same statement or none. */
+#define NAME_LEN (6 + 32)
+
 struct entry {
   char *sql;            /* NULL: a free place */
   size_t len;
   uint64_t hash;
   int nparams;
-  unsigned serial;      /* the statement's name on the server: leash_stmt_<serial> */
+  char name[NAME_LEN + 1];
   unsigned long used;   /* the cache's tick at its last use */
 };
 
 struct stmtcache {
   struct entry e[STMTCACHE_MAX];
-  unsigned serial;
   unsigned long tick;
 };
 
@@ -30,6 +37,7 @@ enum { RAN, REFUSED };
 
 static int keepable(const char *sql);
 static uint64_t fnv1a(const char *s, size_t n);
+static int name_of(const char *sql, size_t len, int nparams, char name[NAME_LEN + 1]);
 static struct entry *find(struct stmtcache *sc, const char *sql, size_t len, uint64_t h,
                           int nparams);
 static struct entry *place_for(struct stmtcache *sc);
@@ -71,10 +79,8 @@ PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int n
   struct entry *e = find(sc, sql, len, h, nparams);
   int drop_old;
   if (e) {
-    char name[32];
-    snprintf(name, sizeof name, "leash_stmt_%u", e->serial);
     e->used = ++sc->tick;
-    PGresult *r = PQexecPrepared(c, name, nparams, params, NULL, NULL, 0);
+    PGresult *r = PQexecPrepared(c, e->name, nparams, params, NULL, NULL, 0);
     if (why_failed(r) == RAN)
       return r;
     /* Refused before it ran: prepared again in the same place, and run once more. The old
@@ -95,14 +101,12 @@ static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop
                                  const char *sql, size_t len, uint64_t h, int nparams,
                                  const char *const *params)
 {
-  if (PQenterPipelineMode(c) != 1)   /* e stays as it was */
-    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
-  char old[64], name[32];
-  snprintf(old, sizeof old, "DEALLOCATE leash_stmt_%u", e->serial);
+  char old[NAME_LEN + 16], name[NAME_LEN + 1];
+  if (name_of(sql, len, nparams, name) != 0 || PQenterPipelineMode(c) != 1)
+    return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);   /* e stays as it was */
+  snprintf(old, sizeof old, "DEALLOCATE %s", e->name);
   free(e->sql);
   *e = (struct entry){ 0 };
-  unsigned serial = ++sc->serial;
-  snprintf(name, sizeof name, "leash_stmt_%u", serial);
   int want = 1, sent = 1;
   if (drop_old) {
     sent = sent && PQsendQueryParams(c, old, 0, NULL, NULL, NULL, NULL, 0) == 1 &&
@@ -162,7 +166,7 @@ static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop
       e->len = len;
       e->hash = h;
       e->nparams = nparams;
-      e->serial = serial;
+      memcpy(e->name, name, sizeof name);
       e->used = ++sc->tick;
     }
     /* Out of memory: the statement stays on the server under a name nothing reuses. */
@@ -171,7 +175,8 @@ static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop
   PQclear(run);   /* PGRES_PIPELINE_ABORTED: it never ran */
   const char *state = PQresultErrorField(prep, PG_DIAG_SQLSTATE);
   if (state && strcmp(state, "42P05") == 0) {
-    /* The name is taken (a script's own PREPARE leash_stmt_N): this one runs unnamed. */
+    /* The name is taken: a script's own PREPARE under it, or another text of the same
+       name (128 bits of SHA-256 alike) in this cache. This one runs unnamed. */
     PQclear(prep);
     return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   }
@@ -195,6 +200,27 @@ static int keepable(const char *sql)
   for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
     if (strlen(words[i]) == n && strncasecmp(p, words[i], n) == 0)
       return 1;
+  return 0;
+}
+
+/* 0, or -1 when OpenSSL cannot (out of memory). */
+static int name_of(const char *sql, size_t len, int nparams, char name[NAME_LEN + 1])
+{
+  unsigned char md[EVP_MAX_MD_SIZE], count[4] = {
+    (unsigned char)((unsigned)nparams >> 24), (unsigned char)((unsigned)nparams >> 16),
+    (unsigned char)((unsigned)nparams >> 8), (unsigned char)nparams };
+  unsigned mdlen = 0;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
+           EVP_DigestUpdate(ctx, count, sizeof count) == 1 &&
+           EVP_DigestUpdate(ctx, sql, len) == 1 && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 &&
+           mdlen >= 16;
+  EVP_MD_CTX_free(ctx);
+  if (!ok)
+    return -1;
+  memcpy(name, "leash_", 6);
+  for (int i = 0; i < 16; i++)
+    snprintf(name + 6 + 2 * i, 3, "%02x", md[i]);
   return 0;
 }
 

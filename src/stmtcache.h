@@ -9,7 +9,9 @@
  * run unnamed, as before. A statement new to the connection is prepared and run in one round
  * trip (libpq's pipeline mode), so a query run once costs what it did. At most
  * STMTCACHE_MAX statements per connection; the least recently used one is deallocated in the
- * same round trip as the statement that takes its place.
+ * same round trip as the statement that takes its place. A statement is named after its
+ * text (a SHA-256), so a name means one text on every connection, a pooler's shared server
+ * sessions included.
  *
  * The server may drop what was prepared behind the cache's back (a script's DISCARD ALL or
  * DEALLOCATE), refuse a cached plan whose result columns changed (ALTER TABLE under a
