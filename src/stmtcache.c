@@ -60,14 +60,6 @@ void stmtcache_free(struct stmtcache *sc)
   free(sc);
 }
 
-int stmtcache_size(const struct stmtcache *sc)
-{
-  int n = 0;
-  for (int i = 0; sc && i < STMTCACHE_MAX; i++)
-    n += sc->e[i].sql != NULL;
-  return n;
-}
-
 PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int nparams,
                          const char *const *params)
 {
@@ -94,7 +86,7 @@ PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int n
   return prepare_and_run(sc, e, drop_old, c, sql, len, h, nparams, params);
 }
 
-/* Fills e with sql, prepared under a new name, and runs it: one round trip, in which e's old
+/* Fills e with sql, prepared under its name, and runs it: one round trip, in which e's old
    statement, when drop_old, is deallocated first (its own sync, so that its failure, say a
    script deallocated it already, does not abort the rest). */
 static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop_old, PGconn *c,

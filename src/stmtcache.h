@@ -45,7 +45,4 @@ void stmtcache_free(struct stmtcache *sc);
 PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int nparams,
                          const char *const *params);
 
-/* How many statements sc holds (tests and figures). */
-int stmtcache_size(const struct stmtcache *sc);
-
 #endif
