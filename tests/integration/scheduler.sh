@@ -501,37 +501,6 @@ SQL
 
 # ------------------------------------------------------------------ 4. priority
 
-# An idle worker asks for more rows than a pickup brings (its free slots): a claim of 10
-# that finds the one due head of the only tenant with heads costs the index probes of a claim
-# of 1 (029: the ring ends there instead of coming back to that tenant for nothing). The
-# probes of heads_ready_idx are counted inside the claim's own transaction, with heads of
-# the tenant that are not due yet and of a parked batch beside it; with a second tenant the
-# ring looks at both, and both of their rows are leased.
-case_a_short_claim_of_the_only_tenant_costs_what_a_claim_of_one_does() {
-  sched_setup
-  q "insert into $QT (tenant_id, shard_key, payload, run_after) values
-       ('solo', 'later', '{}', now() + interval '1 hour')" >/dev/null
-  local n probes=()
-  for n in 1 10; do
-    q "delete from $QT where shard_key = 'now'; insert into $QT (tenant_id, shard_key, payload) values ('solo', 'now', '{}')" >/dev/null
-    probes+=("$(psql -X -q -At -v ON_ERROR_STOP=1 -d "$DATABASE_URL" <<SQL
-begin;
-select count(c.id) from ${QT}_claim('w', $n, 600, null, null, null, 0) c;
-select pg_stat_get_xact_numscans('${QT}_heads_ready_idx'::regclass);
-rollback;
-SQL
-)")
-  done
-  echo "# claimed and heads_ready_idx probes, want 1: ${probes[0]//$'\n'/ / }; want 10: ${probes[1]//$'\n'/ / }" >&2
-  assert_eq "rows a claim of 1 leased" "$(head -1 <<<"${probes[0]}")" 1
-  assert_eq "rows a claim of 10 leased" "$(head -1 <<<"${probes[1]}")" 1
-  assert_eq "probes of a claim of 10 finding 1, against a claim of 1" \
-    "$(tail -1 <<<"${probes[1]}")" "$(tail -1 <<<"${probes[0]}")"
-  q "insert into $QT (tenant_id, shard_key, payload) values ('other', 'now', '{}')" >/dev/null
-  assert_eq "a claim of 10 with two tenants" \
-    "$(q "select count(c.id) from ${QT}_claim('w', 10, 600, null, null, null, 0) c")" 2
-}
-
 # 2,000 priority-0 tasks of one tenant are queued and one worker runs them (4 slots, claims of
 # at most 16); a priority-10 task inserted meanwhile is in the first claim made after its
 # commit, and at most claim batch + slots tasks start between its commit and its start.
