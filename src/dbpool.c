@@ -321,14 +321,17 @@ static int reset_session(struct dbpool *p, PGconn *c, int timeout_ms, char *err,
   pthread_mutex_lock(&p->mu);
   int plain = is_plain(p, c);
   pthread_mutex_unlock(&p->mu);
-  char sql[480];
+  char sql[560];
   snprintf(sql, sizeof sql,
            "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
-           "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; RESET ROLE; "
-           "SET statement_timeout = %d; %s",
+           "SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; "
+           "RESET ROLE; SET statement_timeout = %d; %s",
            timeout_ms > 0 ? timeout_ms : 0,
+           /* Qualified whole: an operator of the user's own (oid <> int, say) must not
+              answer for the built-in one. */
            plain ? "DEALLOCATE ALL; DISCARD PLANS"
-                 : "SELECT count(*) FILTER (WHERE from_sql) > 0, pg_my_temp_schema() <> 0 "
+                 : "SELECT pg_catalog.bool_or(from_sql) IS TRUE, pg_catalog.pg_my_temp_schema() "
+                   "OPERATOR(pg_catalog.<>) 0::pg_catalog.oid "
                    "FROM pg_catalog.pg_prepared_statements");
   PGresult *r = PQexec(c, sql);   /* the last statement's result */
   int ok = r && (plain ? PQresultStatus(r) == PGRES_COMMAND_OK

@@ -25,6 +25,7 @@ struct entry {
   int nparams;
   char name[NAME_LEN + 1];
   unsigned long used;   /* the cache's tick at its last use */
+  int stale;            /* to be prepared again before its next run (see why_failed) */
 };
 
 struct stmtcache {
@@ -32,8 +33,8 @@ struct stmtcache {
   unsigned long tick;
 };
 
-/* Whether a cached statement's run was refused before it ran (then it is prepared again). */
-enum { RAN, REFUSED };
+/* What a cached statement's failed run means for it (why_failed). */
+enum { RAN, REFUSED, STALE };
 
 static int keepable(const char *sql);
 static uint64_t fnv1a(const char *s, size_t n);
@@ -42,9 +43,9 @@ static struct entry *find(struct stmtcache *sc, const char *sql, size_t len, uin
                           int nparams);
 static struct entry *place_for(struct stmtcache *sc);
 static int why_failed(const PGresult *r);
-static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop_old, PGconn *c,
-                                 const char *sql, size_t len, uint64_t h, int nparams,
-                                 const char *const *params);
+static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, const char *drop,
+                                 int again, PGconn *c, const char *sql, size_t len, uint64_t h,
+                                 int nparams, const char *const *params);
 
 struct stmtcache *stmtcache_new(void)
 {
@@ -69,34 +70,41 @@ PGresult *stmtcache_exec(struct stmtcache *sc, PGconn *c, const char *sql, int n
     return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   uint64_t h = fnv1a(sql, len);
   struct entry *e = find(sc, sql, len, h, nparams);
-  int drop_old;
-  if (e) {
+  char drop[NAME_LEN + 1] = "";
+  if (e && !e->stale) {
     e->used = ++sc->tick;
     PGresult *r = PQexecPrepared(c, e->name, nparams, params, NULL, NULL, 0);
-    if (why_failed(r) == RAN)
+    int why = why_failed(r);
+    if (why == RAN)
       return r;
+    if (why == STALE) {   /* the error is the script's; the next run prepares it again */
+      e->stale = 1;
+      return r;
+    }
     /* Refused before it ran: prepared again in the same place, and run once more. The old
-       name is deallocated whether or not the server still has it (its own sync). */
+       statement is deallocated whether or not the server still has it (its own sync). */
     PQclear(r);
-    drop_old = 1;
-  } else {
+  } else if (!e) {
     e = place_for(sc);
-    drop_old = e->sql != NULL;
   }
-  return prepare_and_run(sc, e, drop_old, c, sql, len, h, nparams, params);
+  if (e->sql)
+    memcpy(drop, e->name, sizeof drop);
+  return prepare_and_run(sc, e, *drop ? drop : NULL, 0, c, sql, len, h, nparams, params);
 }
 
-/* Fills e with sql, prepared under its name, and runs it: one round trip, in which e's old
-   statement, when drop_old, is deallocated first (its own sync, so that its failure, say a
-   script deallocated it already, does not abort the rest). */
-static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop_old, PGconn *c,
-                                 const char *sql, size_t len, uint64_t h, int nparams,
-                                 const char *const *params)
+/* Fills e with sql, prepared under its name, and runs it: one round trip, in which the
+   statement named drop (e's last, or one in the way), when not NULL, is deallocated first
+   (its own sync, so that its failure, say a script deallocated it already, does not abort
+   the rest). again: this is the second try of one call. */
+static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, const char *drop,
+                                 int again, PGconn *c, const char *sql, size_t len, uint64_t h,
+                                 int nparams, const char *const *params)
 {
   char old[NAME_LEN + 16], name[NAME_LEN + 1];
+  int drop_old = drop != NULL;
   if (name_of(sql, len, nparams, name) != 0 || PQenterPipelineMode(c) != 1)
     return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);   /* e stays as it was */
-  snprintf(old, sizeof old, "DEALLOCATE %s", e->name);
+  snprintf(old, sizeof old, "DEALLOCATE %s", drop_old ? drop : "");
   free(e->sql);
   *e = (struct entry){ 0 };
   int want = 1, sent = 1;
@@ -161,15 +169,20 @@ static PGresult *prepare_and_run(struct stmtcache *sc, struct entry *e, int drop
       memcpy(e->name, name, sizeof name);
       e->used = ++sc->tick;
     }
-    /* Out of memory: the statement stays on the server under a name nothing reuses. */
+    /* Out of memory: the statement stays on the server, where the next miss of this text
+       finds its name taken and deallocates it (below). */
     return run;
   }
   PQclear(run);   /* PGRES_PIPELINE_ABORTED: it never ran */
   const char *state = PQresultErrorField(prep, PG_DIAG_SQLSTATE);
   if (state && strcmp(state, "42P05") == 0) {
-    /* The name is taken: a script's own PREPARE under it, or another text of the same
-       name (128 bits of SHA-256 alike) in this cache. This one runs unnamed. */
+    /* The name is taken: this text's statement left on the server (out of memory above,
+       a DEALLOCATE cancelled by statement_timeout), a script's own PREPARE under it, or
+       another text of the same name (128 bits of SHA-256 alike) in this cache. Once, it
+       is deallocated and this one prepared in its place; else this one runs unnamed. */
     PQclear(prep);
+    if (!again)
+      return prepare_and_run(sc, e, name, 1, c, sql, len, h, nparams, params);
     return PQexecParams(c, sql, nparams, NULL, params, NULL, NULL, 0);
   }
   return prep;   /* the statement's own error (syntax, a missing table): what it gets unnamed */
@@ -255,29 +268,32 @@ static struct entry *place_for(struct stmtcache *sc)
    again at Bind: its statement gone (a script's DEALLOCATE or DISCARD ALL: 26000 from
    FetchPreparedStatement), its result columns changed under it (0A000 from
    RevalidateCachedQuery), or the new analysis failing with the parameter types fixed when it
-   was prepared (class 42: a column's type altered, another search_path), which a new Parse
-   infers afresh. Told by the function or file that raised them (never translated; the
-   message may be) and by the error having no context: an error raised inside the running
-   statement (a function's EXECUTE of a missing statement) has one, and that statement is
-   not run twice. */
+   was prepared (another search_path, a column's type altered), which a new Parse infers
+   afresh: an operator, a function or an assignment that no longer fits them (op_error,
+   ParseFuncOrColumn, transformAssignedExpr) or a column gone (errorMissingColumn). Told by
+   the function that raised them (its name is never translated; the message may be), each
+   one of the parser's analysis, never called while a statement runs.
+
+   Without an error context the refusal is REFUSED: nothing ran, and the statement is
+   prepared again and run once more. With one it is STALE: the context may be a function
+   the statement was running (its EXECUTE of a missing statement, after a nextval), so it
+   is not run again, but the next call prepares it again (a context can also be Bind's own
+   parameter listing, log_parameter_max_length_on_error). */
 static int why_failed(const PGresult *r)
 {
-  if (!r || PQresultStatus(r) != PGRES_FATAL_ERROR ||
-      PQresultErrorField(r, PG_DIAG_CONTEXT) != NULL)
+  static const char *const at_bind[][2] = {
+    { "26000", "FetchPreparedStatement" }, { "0A000", "RevalidateCachedQuery" },
+    { "42883", "op_error" },               { "42883", "ParseFuncOrColumn" },
+    { "42804", "transformAssignedExpr" },  { "42703", "errorMissingColumn" },
+  };
+  if (!r || PQresultStatus(r) != PGRES_FATAL_ERROR)
     return RAN;
   const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
   const char *fn = PQresultErrorField(r, PG_DIAG_SOURCE_FUNCTION);
   if (!state || !fn)
     return RAN;
-  if (strcmp(state, "26000") == 0 && strcmp(fn, "FetchPreparedStatement") == 0)
-    return REFUSED;
-  if (strcmp(state, "0A000") == 0 && strcmp(fn, "RevalidateCachedQuery") == 0)
-    return REFUSED;
-  /* Class 42 only from the parser's analysis (parse_*.c, analyze.c), which runs nothing:
-     the executor raises some class 42 errors too (a function's row not matching). */
-  const char *file = PQresultErrorField(r, PG_DIAG_SOURCE_FILE);
-  if (strncmp(state, "42", 2) == 0 && file &&
-      (strncmp(file, "parse_", 6) == 0 || strcmp(file, "analyze.c") == 0))
-    return REFUSED;
+  for (size_t i = 0; i < sizeof at_bind / sizeof at_bind[0]; i++)
+    if (strcmp(state, at_bind[i][0]) == 0 && strcmp(fn, at_bind[i][1]) == 0)
+      return PQresultErrorField(r, PG_DIAG_CONTEXT) ? STALE : REFUSED;
   return RAN;
 }

@@ -209,6 +209,8 @@ case_pooled_session_state_never_reaches_the_next_task() {
 # differ in the parameter's type, and after the column's type is altered, answers each time;
 # a temp table shadowing a permanent one takes the writes of a text cached before it (the
 # session had a temp schema already, so its creation invalidates nothing by itself).
+# (Bind's errors carry a context when log_parameter_max_length_on_error is set: then the
+# statement is not run again but prepared again on its next call.)
 case_a_pooled_sessions_statements_are_prepared_once_and_survive_misuse() {
   api_setup
   q "create table side (s text); insert into side values ('a'), ('b');
@@ -216,10 +218,11 @@ case_a_pooled_sessions_statements_are_prepared_once_and_survive_misuse() {
      create function leash_twice() returns int language plpgsql as
        \$\$ begin perform nextval('twice_seq'); execute 'execute no_such_statement'; return 1; end \$\$;
      create schema rsa; create table rsa.t (k text); insert into rsa.t values ('1');
-     create schema rsb; create table rsb.t (k int); insert into rsb.t values (1), (1)" >/dev/null
+     create schema rsb; create table rsb.t (k int); insert into rsb.t values (1), (1);
+     create schema rsc; create table rsc.t (k int); insert into rsc.t values (1), (1), (1)" >/dev/null
   local modes=(count count count count count count stats deallocate_all discard_all deallocate_each
     squat stats star alter star many stats broken count twice sp_a sp_b retype sp_b
-    temp_schema insert_side temp_side) m ids=()
+    sp_logged temp_schema insert_side temp_side) m ids=()
   for m in "${modes[@]}"; do
     ids+=("$(enqueue_one "{\"m\":\"$m\"}")")
   done
@@ -238,7 +241,8 @@ case_a_pooled_sessions_statements_are_prepared_once_and_survive_misuse() {
       alter) assert_eq "alter" "$out" '{}' ;;
       many) assert_eq "many" "$out" '{"bad": 0}' ;;
       broken) assert_contains "broken" "$out" 'no_such_column' ;;
-      twice) assert_eq "twice" "$out" '{"n": 2}' ;;
+      twice) assert_eq "twice" "$out" '{"n": 4}' ;;
+      sp_logged) assert_contains "search_path c, parameters logged" "$out" '"n": 3' ;;
       sp_a) assert_eq "search_path a" "$out" '{"n": 1}' ;;
       sp_b) assert_eq "search_path b (task $i)" "$out" '{"n": 2}' ;;
       retype | temp_schema | insert_side) assert_eq "${modes[$i]}" "$out" '{}' ;;
