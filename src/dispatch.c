@@ -78,6 +78,9 @@ struct dispatcher {
   double backoff;
   double drain_deadline;            /* monotonic; 0 until draining */
   double avg_rtt;                   /* moving average (s) of the cycle's round trip */
+  /* Moving average of the share of settled tasks whose settle leased their shard's next row
+     to this worker (sql/029): how much of a turn's want its settle is expected to cover. */
+  double chain_share;
   /* The run times of the last RECENT_RUNS tasks (a ring) and the longest of them, the
      ready buffer's measure of a task: a mix of 2 ms and 150 ms tasks is sized by the 150 ms
      ones (an upper quartile was not enough: a quarter of long ones left windows of short
@@ -106,7 +109,13 @@ static void start_settler(struct dispatcher *d);
 static double next_backoff(struct dispatcher *d);
 static void connection_failed(struct dispatcher *d, const char *what, const char *err);
 static int cycle(struct dispatcher *d, struct task *list, int want);
-static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int want);
+static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int want,
+                            int chain);
+static int take_leased(struct dispatcher *d, struct task *list);
+static struct task *split_list(struct task *list, int k);
+static void join_list(struct task *list, struct task *rest);
+static int chain_expected(const struct dispatcher *d, int n, int want);
+static void note_chained(struct dispatcher *d, int chained, int n, int chain);
 static void settled(struct dispatcher *d, struct task *keep, const char *applied);
 static struct task *drop_lost(struct dispatcher *d, struct task *list, int *n);
 static int ready_target(const struct dispatcher *d);
@@ -565,42 +574,121 @@ static void distribute(struct dispatcher *d, struct task *list)
 
 /* ---- claim and settle ---- */
 
-/* One round trip: writes the outcomes of finished tasks and claims `want` rows. A task
+/* One round trip: writes the outcomes of finished tasks and claims `want` rows; the settle
+   may lease its shards' next rows to this worker (sql/029), which count against want. A task
    whose lease was lost is not written (its outcome is discarded); the fence rejects any
-   other late one. Returns the number claimed, or -1. */
+   other late one. Returns the number leased, or -1. */
 static int cycle(struct dispatcher *d, struct task *list, int want)
 {
   int n = 0;
   struct task *keep = drop_lost(d, list, &n);
   if (n == 0 && want == 0)
     return 0;
-  /* Outcomes and a claim while overlapping (pace_after_claim): the settle goes on the settle
-     connection while the claim runs on this one (settler.h). Shards settled there are handed
-     over in its own transaction, so their next rows are claimable from the next turn on; in
-     one cycle the claim takes them at once. */
-  char *applied = n > 0 && want > 0 && d->settler && d->pace.overlap ? malloc((size_t)n) : NULL;
-  if (applied && settler_begin(d->settler, keep, n, applied, &d->h->cfg->scope) == 0) {
-    int got = claim_and_settle(d, NULL, 0, want);
-    char err[DB_ERR_MAX];
-    if (settler_end(d->settler, err, sizeof err) == 0) {
-      d->pace.overlapped = 1;
-      settled(d, keep, applied);
+  /* With a settle connection (settler.h) a turn's work is shared by two backends:
+     - while claims beside a settle find work (pace_after_claim), the outcomes are written
+       there and this connection claims what that settle is not expected to lease; shards
+       settled there and not leased to us are handed over in its own transaction, so their
+       next rows are claimable from the next turn on;
+     - when the settle is expected to lease half or more of what is wanted (many shards,
+       each running its tasks one after another), most of a turn's work is the settle's own,
+       so the outcomes are split: the first half settled there, the rest here in one cycle
+       with the claim, each half leasing its part of want.
+     Otherwise one cycle does it all, its claim asking only for what its settle did not
+     lease. */
+  int expect = chain_expected(d, n, want);
+  int there = 0, chain_there = 0;
+  if (n > 0 && want > 0 && d->settler) {
+    if (2 * expect >= want && n >= 2) {
+      there = n / 2;
+      chain_there = (int)((long long)want * there / n);
+    } else if (expect < want && d->pace.overlap) {
+      there = n;
+      chain_there = want;
+    }
+  }
+  if (there > 0) {
+    struct task *rest = split_list(keep, there);
+    char *applied = malloc((size_t)there);
+    if (applied && settler_begin(d->settler, keep, there, applied, &d->h->cfg->scope,
+                                 chain_there) == 0) {
+      int here = want - (rest ? chain_there : expect);
+      int got = claim_and_settle(d, rest, n - there, here, rest ? here : 0);
+      int chained_here = rest && got >= 0 ? queue_chained(d->q) : 0;
+      struct task *leased = NULL;
+      char err[DB_ERR_MAX];
+      int rc = settler_end(d->settler, &leased, err, sizeof err);
+      int chained = take_leased(d, leased);
+      got = got < 0 ? chained : got + chained;
+      if (rc == 0) {
+        d->pace.overlapped = 1;
+        settled(d, keep, applied);
+        free(applied);
+        note_chained(d, chained + chained_here, n, want);
+        return got;
+      }
       free(applied);
+      log_warn("settle connection: %s; writing %d outcome%s on the claim connection", err,
+               there, there == 1 ? "" : "s");
+      claim_and_settle(d, keep, there, 0, 0);
       return got;
     }
     free(applied);
-    log_warn("settle connection: %s; writing %d outcome%s on the claim connection", err, n,
-             n == 1 ? "" : "s");
-    claim_and_settle(d, keep, n, 0);
-    return got;
+    join_list(keep, rest);
   }
-  free(applied);
-  return claim_and_settle(d, keep, n, want);
+  int got = claim_and_settle(d, keep, n, want, want);
+  if (got >= 0 && n > 0 && want > 0)
+    note_chained(d, queue_chained(d->q), n, want);
+  return got;
+}
+
+/* Cuts list after its first k tasks (k >= 1) and returns the rest. */
+static struct task *split_list(struct task *list, int k)
+{
+  while (--k > 0 && list->next)
+    list = list->next;
+  struct task *rest = list->next;
+  list->next = NULL;
+  return rest;
+}
+
+static void join_list(struct task *list, struct task *rest)
+{
+  while (list->next)
+    list = list->next;
+  list->next = rest;
+}
+
+/* Counts and hands out the tasks a cycle leased (claimed, or leased by its settle); returns
+   how many. */
+static int take_leased(struct dispatcher *d, struct task *list)
+{
+  int n = 0;
+  for (struct task *t = list; t; t = t->next, n++)
+    histogram_observe(&d->h->stats.pickup_seconds, t->waited > 0 ? t->waited : 0);
+  atomic_fetch_add(&d->h->stats.claimed, n);
+  distribute(d, list);
+  return n;
+}
+
+/* How many of want the settle of n outcomes is expected to lease (see chain_share). */
+static int chain_expected(const struct dispatcher *d, int n, int want)
+{
+  int most = n < want ? n : want;
+  return most > 0 ? (int)(d->chain_share * most + 0.5) : 0;
+}
+
+static void note_chained(struct dispatcher *d, int chained, int n, int chain)
+{
+  int most = n < chain ? n : chain;
+  if (most > 0)
+    d->chain_share = 0.5 * d->chain_share + 0.5 * (double)chained / most;
 }
 
 /* One round trip on the claim connection, retried while the database is away: writes keep's
-   n outcomes (they are finished here) and claims `want` rows. */
-static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int want)
+   n outcomes (they are finished here), their settle leasing up to `chain` next rows of their
+   shards, and claims what is left of `want`. */
+static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int want,
+                            int chain)
 {
   char *applied = malloc((size_t)(n > 0 ? n : 1));
   char err[DB_ERR_MAX];
@@ -613,18 +701,15 @@ static int claim_and_settle(struct dispatcher *d, struct task *keep, int n, int 
       continue;
     struct task *claimed = NULL;
     double start = task_now();
-    int got = queue_cycle(d->q, d->conn, keep, n, applied, &d->h->cfg->scope, want, &claimed,
-                          &d->next_due, err, sizeof err);
+    int got = queue_cycle(d->q, d->conn, keep, n, applied, &d->h->cfg->scope, want, chain,
+                          &claimed, &d->next_due, err, sizeof err);
     if (got >= 0) {
       double rtt = task_now() - start;
       d->avg_rtt = d->avg_rtt > 0 ? 0.9 * d->avg_rtt + 0.1 * rtt : rtt;
       settled(d, keep, applied);
       free(applied);
-      atomic_fetch_add(&d->h->stats.claimed, got);
       histogram_observe(&d->h->stats.cycle_seconds, rtt);
-      for (struct task *t = claimed; t; t = t->next)
-        histogram_observe(&d->h->stats.pickup_seconds, t->waited > 0 ? t->waited : 0);
-      distribute(d, claimed);
+      take_leased(d, claimed);
       return got;
     }
     if (PQstatus(d->conn) == CONNECTION_OK) {
@@ -743,7 +828,7 @@ static int settle_alone(struct dispatcher *d, struct task *t, char *applied, cha
 {
   struct task *none = NULL;
   double due;
-  return queue_cycle(d->q, d->conn, t, 1, applied, &d->h->cfg->scope, 0, &none, &due, err,
+  return queue_cycle(d->q, d->conn, t, 1, applied, &d->h->cfg->scope, 0, 0, &none, &due, err,
                      errlen) < 0 ? -1 : 0;
 }
 
@@ -991,8 +1076,8 @@ static const char *settle_wedge(struct dispatcher *d, const struct wedge_plan *p
   struct task *none = NULL;
   double due;
   if (applied && ensure_connection(d) &&
-      queue_cycle(d->q, d->conn, p->settle, p->nsettle, applied, &d->h->cfg->scope, 0, &none,
-                  &due, err, sizeof err) >= 0) {
+      queue_cycle(d->q, d->conn, p->settle, p->nsettle, applied, &d->h->cfg->scope, 0, 0,
+                  &none, &due, err, sizeof err) >= 0) {
     char last = applied[p->nsettle - 1];
     if (p->copy)
       wrote = last == SETTLED_PENDING       ? "settled: retry (cause wedged)"

@@ -19,6 +19,7 @@ struct queue {
      how many more that tenant may take before the next one's turn. */
   char *ring;
   int ring_left;
+  int chained;                  /* the last cycle's leases made by its settle (sql/029) */
   char visibility[32];
   double visibility_s;
   /* The run's backoff for retries without a delay (--backoff-base/-cap/-jitter), as the
@@ -67,16 +68,19 @@ struct queue *queue_new(PGconn *c, const struct db_table *t, const char *owner,
   q->leader_sql = format_sql(
     "SELECT pg_try_advisory_lock(hashtextextended('leash.metrics' || chr(31) || "
     "%s::regclass::oid::text, 0))", t->literal);
-  /* The same text calls the cycle and its row-by-row fallback (sql/010). */
-  static const char cycle_fmt[] =
-    "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, "
-    "       status, cause, token, ring, ring_left "
-    "FROM %s($1, $2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::text[], "
-    "$7::jsonb[], $8::text[], $9::boolean[], $10::float8[], $11::int, $12::float8, "
-    "$13::text[], $14, $15, $16::int, $17::float8, $18::float8, $19::float8, $20::text[], "
-    "$21::text[], $22::float8[])";
-  q->cycle_sql = format_sql(cycle_fmt, cycle);
-  q->cycle_rows_sql = format_sql(cycle_fmt, cycle_rows);
+  /* The cycle and its row-by-row fallback (sql/010) take the same arguments, but for the
+     cycle's last: how many next rows its settle may lease (sql/029; the fallback leases
+     none there). */
+#define CYCLE_SELECT                                                                          \
+  "SELECT settled, id, attempts, max_attempts, tenant_id, shard_key, batch, payload, waited, " \
+  "       status, cause, token, ring, ring_left "                                            \
+  "FROM %s($1, $2::bigint[], $3::bigint[], $4::text[], $5::float8[], $6::text[], "           \
+  "$7::jsonb[], $8::text[], $9::boolean[], $10::float8[], $11::int, $12::float8, "            \
+  "$13::text[], $14, $15, $16::int, $17::float8, $18::float8, $19::float8, $20::text[], "     \
+  "$21::text[], $22::float8[]"
+  q->cycle_sql = format_sql(CYCLE_SELECT ", $23::int)", cycle);
+  q->cycle_rows_sql = format_sql(CYCLE_SELECT ")", cycle_rows);
+#undef CYCLE_SELECT
   q->release_sql = format_sql("SELECT count(*) FROM %s($1, $2::bigint[], $3::bigint[])", release);
   q->repair_sql = format_sql("SELECT %s()", repair);
   /* Only a lease that has not expired is renewed: once expired, another claimer may already
@@ -250,11 +254,11 @@ static int mark_applied(PGresult *r, struct task *list, int n, char *applied)
 }
 
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                const struct queue_scope *s, int want, struct task **out, double *next_due,
-                char *err, size_t errlen)
+                const struct queue_scope *s, int want, int chain, struct task **out,
+                double *next_due, char *err, size_t errlen)
 {
   struct buf a[SETTLE_ARRAYS];
-  char nbuf[16], left[16];
+  char nbuf[16], left[16], cbuf[16];
   *out = NULL;
   if (settle_arrays(list, n, a) != 0) {
     snprintf(err, errlen, "out of memory building a settle");
@@ -262,11 +266,13 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   }
   snprintf(nbuf, sizeof nbuf, "%d", want);
   snprintf(left, sizeof left, "%d", q->ring_left);
+  snprintf(cbuf, sizeof cbuf, "%d", n > 0 && chain > 0 ? chain : 0);
   const char *params[] = { q->owner, a[0].s, a[1].s, a[2].s, a[3].s, a[4].s, a[5].s, a[6].s,
                            a[7].s, a[8].s, nbuf, q->visibility, s->tenants, s->batch, q->ring,
                            left, q->backoff[0], q->backoff[1], q->backoff[2], a[9].s,
-                           a[10].s, a[11].s };
-  enum { NPARAMS = sizeof params / sizeof params[0] };
+                           a[10].s, a[11].s, cbuf };
+  /* The fallback takes all but the last. */
+  enum { NPARAMS = sizeof params / sizeof params[0], NPARAMS_ROWS = NPARAMS - 1 };
   double now = task_now();
   PGresult *r = db_exec_prepared(c, "leash_cycle", q->cycle_sql, NPARAMS, params, err, errlen);
   if (!r && PQstatus(c) == CONNECTION_OK && queue_row_error(db_last_sqlstate())) {
@@ -275,7 +281,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
        row by row in subtransactions sets that row aside and writes and claims the rest; the
        fast path keeps no subtransaction for it. */
     log_warn("cycle failed on a row (%s); retrying it row by row", err);
-    r = db_exec_prepared(c, "leash_cycle_rows", q->cycle_rows_sql, NPARAMS, params, err,
+    r = db_exec_prepared(c, "leash_cycle_rows", q->cycle_rows_sql, NPARAMS_ROWS, params, err,
                          errlen);
   }
   for (int k = 0; k < SETTLE_ARRAYS; k++)
@@ -290,6 +296,7 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
   int claimed = 0;
   struct task **tail = out;
   *next_due = -1;
+  q->chained = 0;
   for (int row = 0; row < PQntuples(r); row++) {
     if (PQgetisnull(r, row, 0)) {   /* the claim's last row: next due time, ring place */
       if (!PQgetisnull(r, row, 8))
@@ -308,10 +315,13 @@ int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *appl
     *tail = t;
     tail = &t->next;
     claimed++;
+    q->chained += !PQgetisnull(r, row, 9);   /* status 'leased': the settle leased it */
   }
   PQclear(r);
   return claimed;
 }
+
+int queue_chained(const struct queue *q) { return q->chained; }
 
 /* The ring place from the claim's last row (columns 12 and 13). Out of memory keeps the old
    place: fairness then restarts from there, nothing else depends on it. */

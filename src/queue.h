@@ -44,13 +44,19 @@ enum {
 
 /* One round trip: writes the outcomes of the first n tasks of list (applied[i], in list
    order, one of SETTLED_*) and leases up to `want` rows of the scope (new tasks in *out;
-   want may be 0), in one transaction. Claims divide between tenants by weight: q keeps this
-   process's place in the tenants' ring from one claim to the next (sql/011). Returns the number claimed, or -1 (nothing was written
-   or claimed). When the claim came back short, *next_due is the number of seconds until the
+   want may be 0), in one transaction. The settle may lease up to `chain` of its shards' next
+   rows to this worker (sql/029: rows a claim of this worker would take first); they come
+   back in *out with the claimed ones and count against want. Claims divide between tenants
+   by weight: q keeps this process's place in the tenants' ring from one claim to the next
+   (sql/011). Returns the number leased (claimed or chained), or -1 (nothing was written or
+   claimed). When the claim came back short, *next_due is the number of seconds until the
    next pending row of the scope becomes runnable (-1: none, or the claim was full). */
 int queue_cycle(struct queue *q, PGconn *c, struct task *list, int n, char *applied,
-                const struct queue_scope *s, int want, struct task **out, double *next_due,
-                char *err, size_t errlen);
+                const struct queue_scope *s, int want, int chain, struct task **out,
+                double *next_due, char *err, size_t errlen);
+
+/* How many of the last queue_cycle's leases its settle made (the rest were claimed). */
+int queue_chained(const struct queue *q);
 
 /* A lease by its fence: the task's id and the claim's token. `pos` is free for the caller
    (an index into its own arrays). */

@@ -29,6 +29,8 @@ struct settler {
   int n;
   char *applied;
   const struct queue_scope *scope;
+  int chain;
+  struct task *leased;        /* what the job's settle leased (queue_cycle's out) */
   int rc;
   char err[DB_ERR_MAX];
   /* Helper thread only. */
@@ -70,7 +72,7 @@ struct settler *settler_start(const char *conninfo, struct queue *q)
 }
 
 int settler_begin(struct settler *s, struct task *list, int n, char *applied,
-                  const struct queue_scope *scope)
+                  const struct queue_scope *scope, int chain)
 {
   pthread_mutex_lock(&s->mu);
   int ok = s->up && !s->busy && !s->quit;
@@ -81,18 +83,21 @@ int settler_begin(struct settler *s, struct task *list, int n, char *applied,
     s->n = n;
     s->applied = applied;
     s->scope = scope;
+    s->chain = chain;
     pthread_cond_broadcast(&s->cv);
   }
   pthread_mutex_unlock(&s->mu);
   return ok ? 0 : -1;
 }
 
-int settler_end(struct settler *s, char *err, size_t errlen)
+int settler_end(struct settler *s, struct task **leased, char *err, size_t errlen)
 {
   pthread_mutex_lock(&s->mu);
   while (!s->finished)
     pthread_cond_wait(&s->cv, &s->mu);
   int rc = s->rc;
+  *leased = s->leased;
+  s->leased = NULL;
   if (rc < 0)
     snprintf(err, errlen, "%s", s->err);
   s->busy = 0;
@@ -151,14 +156,15 @@ static void *settler_main(void *arg)
 /* The settle of the job's outcomes, claiming nothing. */
 static void run_job(struct settler *s)
 {
-  struct task *none = NULL;
+  struct task *leased = NULL;
   double due;
   char err[DB_ERR_MAX] = "";
-  int rc = queue_cycle(s->q, s->conn, s->list, s->n, s->applied, s->scope, 0, &none, &due, err,
-                       sizeof err);
+  int rc = queue_cycle(s->q, s->conn, s->list, s->n, s->applied, s->scope, 0, s->chain,
+                       &leased, &due, err, sizeof err);
   int up = PQstatus(s->conn) == CONNECTION_OK;
   pthread_mutex_lock(&s->mu);
   s->rc = rc;
+  s->leased = leased;
   if (rc < 0)
     snprintf(s->err, sizeof s->err, "%s", err);
   s->up = up;

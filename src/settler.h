@@ -32,14 +32,16 @@ struct settler;
 struct settler *settler_start(const char *conninfo, struct queue *q);
 
 /* Starts writing the outcomes of the first n tasks of list into applied[0..n-1] (SETTLED_*)
-   on the settle connection: 0, or -1 when the connection is not up (nothing started). Until
+   on the settle connection, leasing up to `chain` of their shards' next rows to this worker
+   (queue_cycle): 0, or -1 when the connection is not up (nothing started). Until
    settler_end, the caller must not touch list's tasks' outcomes or applied. */
 int settler_begin(struct settler *s, struct task *list, int n, char *applied,
-                  const struct queue_scope *scope);
+                  const struct queue_scope *scope, int chain);
 
-/* Waits for the job settler_begin started: 0 when written (applied filled), or -1 with err
-   (nothing known to be written: the caller writes them itself). */
-int settler_end(struct settler *s, char *err, size_t errlen);
+/* Waits for the job settler_begin started: 0 when written (applied filled; the rows its
+   settle leased in *leased, the caller's now), or -1 with err (nothing known to be written:
+   the caller writes them itself). */
+int settler_end(struct settler *s, struct task **leased, char *err, size_t errlen);
 
 /* Stops and joins the helper (a job under way finishes first); closes the connection. */
 void settler_stop(struct settler *s);

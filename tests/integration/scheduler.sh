@@ -422,14 +422,16 @@ case_jsonl_priority_reaches_the_row() {
 
 # ------------------------------------------------------------------ 3. fairness
 
-# fair_run WEIGHT_A: tenant A's 3,000 tasks are enqueued first, B's 300 after (ids behind
-# all of A's); 2 processes x 4 slots of 5 ms tasks. Prints B's share (percent) of the claims
-# made until B's last claim, while both tenants had work, in SHARE.
+# fair_run WEIGHT_A [LANES]: tenant A's 3,000 tasks are enqueued first, B's 300 after (ids
+# behind all of A's); 2 processes x 4 slots of 5 ms tasks. A's tasks are on shards of their
+# own, or on LANES shards enqueued lane by lane (task i on shard i / (3000 / LANES)). Prints
+# B's share (percent) of the claims made until B's last claim, while both tenants had work,
+# in SHARE.
 fair_run() {
   if (($1 != 1)); then
     q "insert into ${QT}_tenants (tenant_id, weight) values ('A', $1)" >/dev/null
   fi
-  seq 0 2999 | awk '{ printf "{\"tenant_id\":\"A\",\"shard_key\":\"a%d\",\"payload\":{\"min\":0.005,\"max\":0.005}}\n", $1 }' \
+  seq 0 2999 | awk -v lanes="${2:-0}" '{ printf "{\"tenant_id\":\"A\",\"shard_key\":\"a%d\",\"payload\":{\"min\":0.005,\"max\":0.005}}\n", (lanes > 0 ? int($1 / (3000 / lanes)) : $1) }' \
     >"$T_TMP/a.jsonl"
   seq 0 299 | awk '{ printf "{\"tenant_id\":\"B\",\"shard_key\":\"b%d\",\"payload\":{\"min\":0.005,\"max\":0.005}}\n", $1 }' \
     >"$T_TMP/b.jsonl"
@@ -464,6 +466,22 @@ case_weights_3_to_1_give_the_heavier_tenant_three_quarters() {
   share=$SHARE
   echo "# B's share of the claims while both had work (A weight 3): $share%" >&2
   ((share >= 15 && share <= 35)) || fail "B's share with weights A=3 B=1: $share% (want 25% +- 10, A 75%)"
+  assert_no_sanitizer_reports
+}
+
+# The same with A's tasks in 16 lanes enqueued lane by lane (more lanes than slots), each
+# running one task at a time. A settle could lease its lane's next row to its worker (sql/029),
+# and a lane's next row is older than the other lanes' heads, so without the gate on other
+# tenants' heads A's first lanes would go on from settle to settle on every slot and B would
+# wait for them; with it, the ring divides the claims as before.
+case_equal_weights_hold_while_lanes_could_lease_their_next_rows() {
+  sched_setup
+  local share
+  fair_run 1 16
+  share=$SHARE
+  echo "# B's share of the claims while both had work (A in 16 lanes): $share%" >&2
+  ((share >= 40 && share <= 60)) || fail "B's share of the claims while both had work: $share% (want 50% +- 10)"
+  assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
   assert_no_sanitizer_reports
 }
 
@@ -526,6 +544,33 @@ case_a_priority_task_overtakes_the_queued_backlog() {
   echo "# after the priority-10 commit: $claims claims, $starts starts before it" >&2
   assert_eq "claims made after the priority-10 task's commit that did not take it" "$claims" 0
   ((starts <= 16 + 4)) || fail "tasks started between the priority-10 commit and its start: $starts (want <= 20)"
+  assert_no_sanitizer_reports
+}
+
+# The same with the backlog in 16 lanes enqueued lane by lane, so that settles could lease
+# their lanes' next rows to the worker (sql/029; a lane's next row is older than the other
+# lanes' heads) and cover all it wants, with no claim made: the priority-10 head stops that
+# (a head of its tenant that a claim would take first), and it runs at the next claim.
+# (Without that gate 44-56 tasks started before it.)
+case_a_priority_task_overtakes_lanes_that_could_lease_their_next_rows() {
+  sched_setup
+  q "insert into $QT (tenant_id, shard_key, payload)
+     select 't', 'lane' || (g / 125), '{\"min\":0.005,\"max\":0.005}' from generate_series(0, 1999) g" >/dev/null
+  start_worker A "$FIX/record.lua" --concurrency 4 --claim-batch 16 --poll-ms 10-50
+  wait_for "200 tasks to be done" 30 q_true "select count(*) >= 200 from $QT where status = 'done'"
+  local hot
+  hot=$(q "insert into $QT (tenant_id, shard_key, payload, priority)
+           values ('t', 'hot', '{\"min\":0.005,\"max\":0.005}', 10) returning id")
+  q "insert into marks (what) values ('committed')" >/dev/null
+  wait_for "the priority-10 task to be done" 20 q_true "select status = 'done' from $QT where id = $hot"
+  stop_workers A
+  local starts
+  starts=$(q "select count(*) from $QT q, marks m, $QT h
+               where m.what = 'committed' and h.id = $hot and q.id <> $hot
+                 and q.run_started_at > m.at and q.run_started_at < h.run_started_at")
+  echo "# after the priority-10 commit: $starts starts before it" >&2
+  ((starts <= 16 + 4)) || fail "tasks started between the priority-10 commit and its start: $starts (want <= 20)"
+  assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
   assert_no_sanitizer_reports
 }
 
@@ -855,6 +900,130 @@ SQL
   drain_checking "every task to be done" 30 "done=192"
   stop_workers A B
   assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
+}
+
+# ------------------------------------------------------------------ 6. a settle leases the next row
+
+# lane: a shard SHARD of tenant TENANT with N pending rows (priority PRIO, due now); prints
+# their ids, oldest first.
+lane() {
+  q "insert into $QT (tenant_id, shard_key, payload, priority)
+       select '$1', '$2', '{}', ${4:-0} from generate_series(1, $3)
+     returning id" | tr '\n' ' '
+}
+
+# settle_next ID [CHAIN] [TENANTS] [BATCH]: leases row ID to worker w (the claim of one given
+# row, unless w holds it already), settles it done through the cycle with p_chain CHAIN
+# (default 1) and the worker's scope (TENANTS a text[] literal or NULL, BATCH or NULL); prints
+# the rows the settle leased to w.
+settle_next() {
+  q "select lease_token from $QT where id = $1 and status = 'leased' and lease_owner = 'w'
+     union all
+     select token from ${QT}_claim('w', 1, 60, NULL, NULL, NULL, 0, $1)
+      where id = $1 and not exists (select from $QT where id = $1 and status = 'leased')" \
+    >"$T_TMP/tok"
+  [[ -s $T_TMP/tok ]] || fail "row $1 could not be leased"
+  q "select coalesce(string_agg(c.id::text, ' ' order by c.id), '')
+       from ${QT}_cycle('w', ARRAY[$1]::bigint[], ARRAY[$(cat "$T_TMP/tok")]::bigint[], '{done}',
+                        '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{f}', '{NULL}', 0, 60,
+                        ${3:-NULL}, ${4:-NULL}, NULL, 0, p_chain => ${2:-1}) c
+      where c.settled = false and c.status = 'leased'"
+}
+
+# row_state ID: status|owner|is_head|parked (booleans as 0 or 1)
+row_state() {
+  q "select status || '|' || coalesce(lease_owner, '-') || '|' || is_head::int || '|' || parked::int
+       from $QT where id = $1"
+}
+
+# The hand-over leases a shard's next row to the worker that settled its predecessor only
+# where a claim of that worker would have taken it first (sql/029); everywhere else it makes
+# the row its shard's head, as before. Each gate on its own lane, in one database.
+case_a_settle_leases_the_next_row_only_where_the_claim_would_take_it_first() {
+  sched_setup
+  local r
+  # Alone, due, unheld: leased to w, not a head; the row after it waits.
+  read -ra r <<<"$(lane t a 3)"
+  assert_eq "alone: leased by the settle" "$(settle_next "${r[0]}")" "${r[1]}"
+  assert_eq "alone: the next row" "$(row_state "${r[1]}")" "leased|w|0|0"
+  assert_eq "alone: the row after it" "$(row_state "${r[2]}")" "pending|-|0|0"
+  assert_eq "alone: a row leased by the settle settles as any" "$(settle_next "${r[1]}" 0)" ""
+  assert_eq "p_chain 0: handed over" "$(row_state "${r[2]}")" "pending|-|1|0"
+  q "delete from $QT" >/dev/null
+
+  # Another tenant has a head: fair shares are the ring's, so the row is handed over.
+  read -ra r <<<"$(lane t a 2)"
+  lane u x 1 >/dev/null
+  assert_eq "another tenant's head: nothing leased" "$(settle_next "${r[0]}")" ""
+  assert_eq "another tenant's head: the next row is the head" "$(row_state "${r[1]}")" "pending|-|1|0"
+  # ... unless the worker does not serve that tenant.
+  q "delete from $QT where tenant_id = 't'" >/dev/null
+  read -ra r <<<"$(lane t a 2)"
+  assert_eq "a tenant the worker does not serve: leased" \
+    "$(settle_next "${r[0]}" 1 "'{t}'::text[]")" "${r[1]}"
+  q "delete from $QT" >/dev/null
+
+  # Its own tenant has a head of higher priority, or an older one of the same priority.
+  read -ra r <<<"$(lane t a 2)"
+  lane t hot 1 5 >/dev/null
+  assert_eq "a head of higher priority: nothing leased" "$(settle_next "${r[0]}")" ""
+  q "delete from $QT" >/dev/null
+  lane t old 1 >/dev/null
+  read -ra r <<<"$(lane t a 2)"
+  assert_eq "an older head of its priority: nothing leased" "$(settle_next "${r[0]}")" ""
+  q "delete from $QT" >/dev/null
+  lane t old 1 >/dev/null
+  read -ra r <<<"$(lane t a 2 1)"
+  assert_eq "an older head of lower priority: leased" "$(settle_next "${r[0]}")" "${r[1]}"
+  q "delete from $QT" >/dev/null
+  # A younger head of the tenant does not stop it.
+  read -ra r <<<"$(lane t a 2)"
+  lane t young 1 >/dev/null
+  assert_eq "a younger head: leased" "$(settle_next "${r[0]}")" "${r[1]}"
+  q "delete from $QT" >/dev/null
+
+  # A hold on the tenant that begins while its row runs: handed over and parked.
+  read -ra r <<<"$(lane t a 2)"
+  local tok
+  tok=$(q "select token from ${QT}_claim('w', 1, 60, NULL, NULL, NULL, 0, ${r[0]}) where id = ${r[0]}")
+  expect_exit 0 "$LEASH" pause --tenant t
+  assert_eq "held: nothing leased" \
+    "$(q "select count(*) from ${QT}_cycle('w', ARRAY[${r[0]}]::bigint[], ARRAY[$tok]::bigint[],
+                '{done}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{f}', '{NULL}', 0, 60, NULL,
+                NULL, NULL, 0, p_chain => 1) c where c.settled = false")" 0
+  assert_eq "held: the next row is a parked head" "$(row_state "${r[1]}")" "pending|-|1|1"
+  expect_exit 0 "$LEASH" resume --tenant t
+  q "delete from $QT" >/dev/null
+
+  # Not due yet: handed over (a head that waits for its time).
+  read -ra r <<<"$(lane t a 2)"
+  q "update $QT set run_after = now() + interval '1 hour' where id = ${r[1]}" >/dev/null
+  assert_eq "not due: nothing leased" "$(settle_next "${r[0]}")" ""
+  assert_eq "not due: the next row is the head" "$(row_state "${r[1]}")" "pending|-|1|0"
+  q "delete from $QT" >/dev/null
+
+  # A worker scoped to a batch claims by batch, not through heads: it leases none here.
+  read -ra r <<<"$(q "insert into $QT (tenant_id, shard_key, payload, batch)
+                         select 't', 'a', '{}', 'b1' from generate_series(1, 2) returning id" | tr '\n' ' ')"
+  assert_eq "a batch-scoped worker: nothing leased" "$(settle_next "${r[0]}" 1 NULL "'b1'")" ""
+  q "delete from $QT" >/dev/null
+
+  # The most it may lease: two lanes settled at once with p_chain 1 lease one row.
+  local a b
+  read -ra a <<<"$(lane t a 2)"
+  read -ra b <<<"$(lane t b 2)"
+  local ta tb
+  ta=$(q "select token from ${QT}_claim('w', 1, 60, NULL, NULL, NULL, 0, ${a[0]}) where id = ${a[0]}")
+  tb=$(q "select token from ${QT}_claim('w', 1, 60, NULL, NULL, NULL, 0, ${b[0]}) where id = ${b[0]}")
+  assert_eq "p_chain 1 over two lanes: one leased" \
+    "$(q "select count(*) from ${QT}_cycle('w', ARRAY[${a[0]}, ${b[0]}]::bigint[],
+                ARRAY[$ta, $tb]::bigint[], '{done,done}', '{NULL,NULL}', '{NULL,NULL}',
+                '{NULL,NULL}', '{NULL,NULL}', '{f,f}', '{NULL,NULL}', 0, 60, NULL, NULL, NULL, 0,
+                p_chain => 1) c where c.settled = false")" 1
+  assert_eq "p_chain 1 over two lanes: the other handed over" \
+    "$(q "select count(*) filter (where status = 'leased') || ' ' || count(*) filter (where is_head)
+            from $QT where id in (${a[1]}, ${b[1]})")" "1 1"
+  assert_heads_invariant "after the gates"
 }
 
 t_run "$@"
