@@ -1,45 +1,44 @@
 -- A settle leases its shards' next rows to its own worker (issue #14: serial orderings).
 --
 -- A shard's tasks run one at a time. Until now a settle handed its shard over by making the
--- next row the head (is_head, a write of the whole row: 5 index entries), and a claim then
+-- next row the head (is_head: a write of the whole row, 5 index entries), and a claim then
 -- leased that head (a second write). In a drain every task is its own shard and pays two
 -- writes (lease, settle); in a serial ordering it paid three, and the next row could be
 -- leased no sooner than the turn after its predecessor's settle, because a claim beside a
 -- settle (the settle connection) does not see what that settle hands over. Measured on 100
 -- shards with 10 slots, one process: the shards fell into two halves that took turns, about
--- 50 tasks a turn, each shard running one task every two turns (14-16k tasks/s where a drain
--- of the same tasks on their own shards ran 22-26k).
+-- 50 tasks a turn, each shard running one task every two turns.
 --
 -- Now the hand-over can lease the next row itself, to the worker that settles its
 -- predecessor (lane_pass): one write instead of two, and the shard runs its next task on the
--- very next turn. The worker says how many it may take (p_chain: its slots' and ready
--- buffer's shortfall, so leasing here never makes it hold more than its claims would). A row
--- is leased here only when a claim by this worker would have taken it first:
+-- very next turn. The worker says how many it may take (p_chain). A row is leased here only
+-- when a claim by this worker would have taken it first:
 --
 -- * it is due, pending, in the worker's tenants (p_scope), and no hold covers it (013);
 -- * no other tenant this worker serves has a head waiting (not parked). Fair shares are the
---   claim's ring (011, 020), and while any other tenant has a head, every shard goes back to
---   the ring as before. A tenant alone with runnable work has no share to keep;
--- * its tenant has no head that the ring would take before it: higher priority, or the same
---   priority and older by (run_after, id). A head scheduled for later with a higher
---   priority also stops it, which costs speed, never order;
--- * its row lock and its shard's claim gate (the one-key advisory lock, 007) are free, as a
---   claim would need them (try-only: nothing here waits). A claim of another worker cannot
---   pick the row meanwhile: it is not a head, and claims scoped to a batch or a task (which
---   pick rows that are not heads) need the same gate;
+--   claim's ring (011, 020): while any other tenant has a head, every shard goes back to the
+--   ring as before. A tenant alone with runnable work has no share to keep;
+-- * its tenant has no head that the ring would take before it: one of higher priority, or
+--   of the same priority and older by (run_after, id). A head scheduled for later with a
+--   higher priority also stops it, which costs speed, never order;
+-- * its row lock and its shard's claim gate (the one-key advisory lock, 007) are free
+--   (try-only: nothing here waits). Any claim that could pick the row (the ring's, if it is a
+--   head already; one scoped to a batch or to a task, which pick rows that are not heads)
+--   needs both;
 -- * its shard holds no lease, checked again in the lease's own statement (fresh snapshot), as
 --   the claim's statement 2 does; one_lease_per_shard stays the safety net under both.
 --
--- What this settle's claim gate and hand-over lock (taken try-only in the settle, 011) already
--- exclude, they exclude here too: a producer's row for the shard waits for this commit and
--- then sees the lease. A worker scoped to a batch (`leash run --batch`) claims by batch, not
--- through heads, and takes none here. Rows not leased here are handed over as before (027's
+-- The settle took its shard's hand-over lock (try-only, 011) before it came here, so a
+-- producer's row for the shard waits for this commit and then sees the lease, as it sees a
+-- head today. A worker scoped to a batch (`leash run --batch`) claims by batch, not through
+-- heads, and leases none here. Rows not leased here are handed over as before (027's
 -- statement: made heads when their shard has no head and no lease).
 --
--- The cycle (016) passes its want as p_chain and claims only what the settle did not lease;
--- the settle connection (settler.c) passes the dispatcher's want and claims nothing. Leased
--- rows come back from the settle as rows with a token, and from the cycle as claimed rows.
--- cycle_rows (the row-by-row fallback) and every other caller lease nothing here (p_chain 0).
+-- The cycle passes p_chain on to the settle and claims only what the settle did not lease.
+-- Leased rows come back from the settle as rows with a token, and from the cycle as claimed
+-- rows with status 'leased' (a claimed row's status is NULL). cycle_rows (the row-by-row
+-- fallback) and every other caller lease nothing here (p_chain 0). How the dispatcher sizes
+-- p_chain and shares a turn between its two connections: src/dispatch.c, cycle().
 
 -- ---------------------------------------------------------------- hand-over
 CREATE FUNCTION {{obj:lane_pass}}(p_tenants text[], p_shards text[], p_owner text, p_chain int,

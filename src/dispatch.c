@@ -584,15 +584,19 @@ static int cycle(struct dispatcher *d, struct task *list, int want)
   struct task *keep = drop_lost(d, list, &n);
   if (n == 0 && want == 0)
     return 0;
-  /* With a settle connection (settler.h) a turn's work is shared by two backends:
+  /* A settle may lease the next rows of its tasks' shards to this worker (sql/029), up to the
+     `chain` it is given; they count against want. With a settle connection (settler.h) a
+     turn's work is shared by two backends:
      - while claims beside a settle find work (pace_after_claim), the outcomes are written
-       there and this connection claims what that settle is not expected to lease; shards
-       settled there and not leased to us are handed over in its own transaction, so their
-       next rows are claimable from the next turn on;
-     - when the settle is expected to lease half or more of what is wanted (many shards,
-       each running its tasks one after another), most of a turn's work is the settle's own,
-       so the outcomes are split: the first half settled there, the rest here in one cycle
-       with the claim, each half leasing its part of want.
+       there, with want as their chain, and this connection claims what that settle is not
+       expected to lease (chain_share). Shards settled there and not leased to us are handed
+       over in its own transaction, so their next rows are claimable from the next turn on.
+       A turn leases at most twice want, when the settle leases more than expected; the next
+       turn's want is smaller by as much;
+     - when the settle is expected to lease half or more of want (many shards, each running
+       its tasks one after another), the settle is most of the turn's work: the outcomes
+       are split, the first half settled there and the rest here in one cycle with the
+       claim, each half leasing its share of want (so never more than want in all).
      Otherwise one cycle does it all, its claim asking only for what its settle did not
      lease. */
   int expect = chain_expected(d, n, want);
@@ -670,13 +674,16 @@ static int take_leased(struct dispatcher *d, struct task *list)
   return n;
 }
 
-/* How many of want the settle of n outcomes is expected to lease (see chain_share). */
+/* How many of want the settle of n outcomes is expected to lease: the share of recent
+   settles' outcomes whose shard's next row they leased. */
 static int chain_expected(const struct dispatcher *d, int n, int want)
 {
   int most = n < want ? n : want;
   return most > 0 ? (int)(d->chain_share * most + 0.5) : 0;
 }
 
+/* A settle of n outcomes given `chain` leased `chained` rows: the share moves halfway there,
+   so a change of workload (lanes to own shards and back) is followed within a few turns. */
 static void note_chained(struct dispatcher *d, int chained, int n, int chain)
 {
   int most = n < chain ? n : chain;
