@@ -123,7 +123,9 @@ BEGIN
       RETURN;
     END IF;
   END IF;
-  -- 4. The rest are handed over (027's UPDATE); a row leased above is no longer pending.
+  -- 4. The rest are handed over: 027's lane_handover UPDATE, restated on the rows found in
+  -- step 1 rather than called (it would probe every shard again); a row leased above is no
+  -- longer pending. The hand-over's rule lives in both: a change to it changes both.
   UPDATE {{table}} q
      SET is_head = true,
          parked = (SELECT EXISTS (SELECT 1 FROM {{obj:holds}} x
