@@ -83,6 +83,35 @@ case_a_wait_for_ids_wakes_when_the_last_of_them_settles() {
   stop_workers A
 }
 
+# A waiting task set dead by hand and made pending again (as an operator would, or the soak's
+# driver) looks at its wait again (sql/030): its event was signalled, or its last awaited task
+# settled, while it was dead, and neither wake saw it (they wake pending waiters only), so
+# it would have waited for its deadline, an hour here. A waiter whose wait does not hold yet
+# keeps waiting.
+case_a_waiter_made_pending_by_hand_looks_at_its_wait_again() {
+  waits_setup
+  local e k a w
+  e=$(enqueue_one '{"role":"event","event":"flip","deadline":3600}')
+  k=$(enqueue_one '{"role":"event","event":"later","deadline":3600}')
+  a=$(enqueue_one '{"role":"child","n":1}' --delay 3600)
+  w=$(enqueue_one "{\"role\":\"ids\",\"ids\":[$a],\"deadline\":3600}")
+  start_worker A "$WFIX" --concurrency 2 --poll-ms 10-50
+  local id
+  for id in "$e" "$k" "$w"; do wait_for "task $id to wait" 30 is_waiting "$id"; done
+  q "update $QT set status = 'dead' where id in ($e, $k, $w)" >/dev/null
+  assert_eq "tasks woken by the signal while its waiter is dead" "$("$LEASH" signal flip)" 0
+  q "update $QT set run_after = now() where id = $a" >/dev/null
+  wait_for "task $a to be done" 30 q_true "select status = 'done' from $QT where id = $a"
+  q "update $QT set status = 'pending' where id in ($e, $k, $w)" >/dev/null
+  wait_for "the event's waiter to be done" 30 q_true "select status = 'done' from $QT where id = $e"
+  wait_for "the ids' waiter to be done" 30 q_true "select status = 'done' from $QT where id = $w"
+  assert_eq "the waiter of an event not signalled yet (status|cause|waits without a time)" \
+    "$(row "$k" "concat_ws('|', status, last_cause, run_after = 'infinity')")" "pending|waiting|t"
+  assert_eq "tasks woken by its signal" "$("$LEASH" signal later)" 1
+  wait_for "it to be done" 30 q_true "select status = 'done' from $QT where id = $k"
+  stop_workers A
+}
+
 # A task cancelled (leash cancel) counts as settled: the last child cancelled wakes its
 # parent, which sees it dead.
 case_a_cancelled_child_wakes_its_waiting_parent() {
