@@ -333,7 +333,7 @@ static enum step work_step(struct dispatcher *d, struct turn *t)
 static void pace_after_claim(struct dispatcher *d, const struct turn *t, int got)
 {
   struct pacing *p = &d->pace;
-  p->more = got == t->want;
+  p->more = got >= t->want;   /* a settle may lease more than expected (cycle) */
   /* A claim beside a settle cannot take the next rows of the shards that settle hands over.
      When the rest still gave it work (many shards), keep overlapping; when it found nothing
      (one shard's tasks one after another, a drain's end), its work waits on the hand-over:
