@@ -472,8 +472,8 @@ case_weights_3_to_1_give_the_heavier_tenant_three_quarters() {
 # The same with A's tasks in 16 lanes enqueued lane by lane (more lanes than slots), each
 # running one task at a time. A settle could lease its lane's next row to its worker (sql/029),
 # and a lane's next row is older than the other lanes' heads, so without the gate on other
-# tenants' heads A's first lanes would go on from settle to settle on every slot and B would
-# wait for them; with it, the ring divides the claims as before.
+# tenants' heads A's first lanes went on from settle to settle and B got 27-30% of the
+# claims; with it, the ring divides them as before.
 case_equal_weights_hold_while_lanes_could_lease_their_next_rows() {
   sched_setup
   local share
