@@ -574,6 +574,35 @@ case_a_priority_task_overtakes_lanes_that_could_lease_their_next_rows() {
   assert_no_sanitizer_reports
 }
 
+# No hoarding with lanes (issue #14's leases target, which bench/run.sh measures on shards of
+# their own): one process of 2 slots running 8 lanes of 2 ms and (1 in 4) 150 ms tasks, whose
+# settles lease their lanes' next rows (sql/029), holds at most 2 x its slots, sampled every
+# 20 ms while it drains (3 here). What bounds it is that a settle leases at most one next row
+# per task it settles; the cap on those leases (the worker's want) did not change the figure
+# when lifted.
+case_a_worker_running_lanes_holds_at_most_twice_its_slots() {
+  sched_setup
+  q "insert into $QT (tenant_id, shard_key, payload)
+     select 't', 'lane' || (g / 50),
+            case when g % 4 = 0 then '{\"min\":0.15,\"max\":0.15}'
+                 else '{\"min\":0.002,\"max\":0.002}' end::jsonb
+       from generate_series(0, 399) g" >/dev/null
+  start_worker A "$FIX/record.lua" --concurrency 2 --poll-ms 10-50
+  local most=0 n deadline=$(($(_t_now_us) + 60000000))
+  while :; do
+    n=$(q "select count(*) from $QT where status = 'leased'")
+    ((n > most)) && most=$n
+    [[ $(q "select count(*) from $QT where status = 'done'") != 400 ]] || break
+    (($(_t_now_us) < deadline)) || fail "timeout (60s) draining 400 tasks in 8 lanes: $(status_counts)"
+    sleep 0.02
+  done
+  stop_workers A
+  echo "# most leases held at once: $most" >&2
+  ((most <= 4)) || fail "leases held at once by a process of 2 slots: $most (want <= 4)"
+  assert_eq "overlapping executions of one shard" "$(exec_overlaps)" ""
+  assert_no_sanitizer_reports
+}
+
 # A row whose lease a user trigger refuses sends the cycle to its row-by-row fallback
 # (<table>_cycle_rows): that row is set aside (dead, bad_row) and the others still run.
 case_a_row_whose_lease_is_refused_does_not_stop_the_claims() {
